@@ -1,0 +1,1 @@
+"""verl.plugins entry point (placeholder, filled in by the integration work)."""
