@@ -1,0 +1,224 @@
+"""RolloutEngine: batched, KV-cached, continuously batched decoding with the torch model.
+
+One `step()` either prefills newly admitted requests (producing their first token) or advances every running
+request by one decode token. Requests join and leave the running batch between steps. The engine is single-
+threaded by design; `add_request` and `abort` are safe to call from other threads.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from verl_tlt.engine.kv_cache import SlotKVCache
+from verl_tlt.engine.model import AttentionBatch, CausalLM, ModelSpec
+from verl_tlt.engine.request import CompletionOutput, Request
+from verl_tlt.engine.sampler import sample_tokens
+from verl_tlt.engine.sampling_params import LOGPROBS_MODES, SamplingParams
+from verl_tlt.engine.weights import load_weights, read_checkpoint, read_eos_token_ids
+
+logger = logging.getLogger(__name__)
+
+
+class RolloutEngine:
+    def __init__(
+        self,
+        model: CausalLM,
+        *,
+        eos_token_ids: Sequence[int],
+        max_num_seqs: int = 256,
+        max_model_len: int | None = None,
+        seed: int = 0,
+        logprobs_mode: str = "processed_logprobs",
+    ):
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+        self.model = model.eval()
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len or model.spec.max_position_embeddings
+        self.raw_logprobs = logprobs_mode == "raw_logprobs"
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.cache = SlotKVCache(model.spec, dtype=self.dtype, device=self.device, max_len=self.max_model_len)
+        self.running: list[Request] = []  # running[i] occupies cache slot i
+        self.cache_lens: list[int] = []  # tokens already written to the cache, per running request
+        self.waiting: deque[Request] = deque()
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._aborted: set[str] = set()
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, **kwargs
+    ) -> RolloutEngine:
+        """Build the engine from a local transformers checkpoint directory."""
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(path)
+        model = CausalLM(ModelSpec.from_hf_config(config)).to(device=device, dtype=dtype)
+        load_weights(model, read_checkpoint(path), strict=True)
+        kwargs.setdefault("eos_token_ids", read_eos_token_ids(path, config))
+        return cls(model, **kwargs)
+
+    # ----- requests -----------------------------------------------------------------------------------------
+
+    def add_request(self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None = None) -> str:
+        if len(prompt_ids) == 0:
+            raise ValueError("prompt_ids must not be empty")
+        if len(prompt_ids) >= self.max_model_len:
+            raise ValueError(
+                f"Prompt of {len(prompt_ids)} tokens leaves no room to generate within max_model_len="
+                f"{self.max_model_len}"
+            )
+        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        request = Request(request_id, [int(t) for t in prompt_ids], params, generator, self.max_model_len)
+        with self._lock:
+            self.waiting.append(request)
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        """Finish a request early with finish_reason 'abort' at the next step."""
+        with self._lock:
+            self._aborted.add(request_id)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    # ----- stepping ----------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def step(self) -> list[CompletionOutput]:
+        """Run one prefill or decode step; return the requests that finished in it."""
+        finished = self._collect_aborted()
+        admitted = self._admit()
+        if admitted:
+            self._prefill(admitted)
+        elif self.running:
+            self._decode()
+        return finished + self._retire_finished()
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
+    ) -> list[CompletionOutput]:
+        """Generate completions for a list of token-id prompts; outputs are in prompt order."""
+        params_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        if len(params_list) != len(prompts):
+            raise ValueError(f"Got {len(prompts)} prompts but {len(params_list)} SamplingParams")
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params_list)]
+        done: dict[str, CompletionOutput] = {}
+        while len(done) < len(ids):
+            for output in self.step():
+                done[output.request_id] = output
+        return [done[i] for i in ids]
+
+    # ----- weights -----------------------------------------------------------------------------------------
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Load updated weights (transformers names) between steps; returns how many tensors were loaded."""
+        return load_weights(self.model, named_tensors, strict=False)
+
+    def release_cache(self) -> None:
+        if self.running or self.waiting:
+            raise RuntimeError("Cannot release the KV cache while requests are in flight")
+        self.cache.release()
+
+    # ----- internals ---------------------------------------------------------------------------------------
+
+    def _admit(self) -> list[Request]:
+        admitted = []
+        with self._lock:
+            while self.waiting and len(self.running) + len(admitted) < self.max_num_seqs:
+                admitted.append(self.waiting.popleft())
+        return admitted
+
+    def _prefill(self, requests: list[Request]) -> None:
+        row_start = len(self.running)
+        lengths = [len(r.prompt_ids) for r in requests]
+        seq = max(lengths)
+        self.cache.ensure_capacity(row_start + len(requests), seq + 1)
+        input_ids = torch.zeros(len(requests), seq, dtype=torch.long, device=self.device)
+        for row, request in enumerate(requests):
+            input_ids[row, : lengths[row]] = torch.tensor(request.prompt_ids, device=self.device)
+        positions = torch.arange(seq, device=self.device).expand(len(requests), seq)
+        causal = torch.ones(seq, seq, dtype=torch.bool, device=self.device).tril()
+        mask = causal.expand(len(requests), 1, seq, seq)
+        hidden = self._forward(input_ids, positions, row_start, positions, mask)  # [N, T, H]
+        last = torch.tensor(lengths, device=self.device) - 1
+        logits = self.model.logits(hidden[torch.arange(len(requests)), last])  # [N, V]
+        self.running.extend(requests)
+        self.cache_lens.extend(lengths)
+        self._emit(requests, logits)
+
+    def _decode(self) -> None:
+        lens = torch.tensor(self.cache_lens, device=self.device)  # [B]
+        self.cache.ensure_capacity(len(self.running), max(self.cache_lens) + 1)
+        input_ids = torch.tensor([[r.output_ids[-1]] for r in self.running], device=self.device)
+        positions = lens.unsqueeze(-1)  # [B, 1]
+        kv_len = int(lens.max()) + 1
+        mask = (torch.arange(kv_len, device=self.device) <= positions).view(len(self.running), 1, 1, kv_len)
+        hidden = self._forward(input_ids, positions, 0, positions, mask)
+        logits = self.model.logits(hidden[:, -1])
+        self.cache_lens = [n + 1 for n in self.cache_lens]
+        for request in self.running:
+            request.num_decode_steps += 1
+        self._emit(self.running, logits)
+
+    def _forward(self, input_ids, positions, row_start, write_pos, mask) -> torch.Tensor:
+        cos, sin = self.model.rotary_tables(positions, self.dtype)
+        batch = AttentionBatch(row_start=row_start, write_pos=write_pos, attn_mask=mask, cos=cos, sin=sin)
+        return self.model(input_ids, positions, batch, self.cache.k, self.cache.v)
+
+    def _emit(self, requests: list[Request], logits: torch.Tensor) -> None:
+        tokens, log_probs = sample_tokens(logits, requests, self.generator, raw_logprobs=self.raw_logprobs)
+        for request, token, log_prob in zip(requests, tokens, log_probs):
+            stop_ids = request.params.stop_token_ids
+            stops = frozenset(stop_ids) if request.params.ignore_eos else self.eos_token_ids.union(stop_ids)
+            request.append(token, log_prob, stops)
+
+    def _collect_aborted(self) -> list[CompletionOutput]:
+        with self._lock:
+            aborted, self._aborted = self._aborted, set()
+            if not aborted:
+                return []
+            dropped = [r for r in self.waiting if r.request_id in aborted]
+            self.waiting = deque(r for r in self.waiting if r.request_id not in aborted)
+        for request in self.running:
+            if request.request_id in aborted and request.finish_reason is None:
+                request.finish_reason = "abort"
+        for request in dropped:
+            request.finish_reason = "abort"
+        return [r.to_output() for r in dropped]
+
+    def _retire_finished(self) -> list[CompletionOutput]:
+        """Remove finished requests from the running batch, keeping slots compact."""
+        outputs = []
+        row = 0
+        while row < len(self.running):
+            request = self.running[row]
+            if request.finish_reason is None:
+                row += 1
+                continue
+            outputs.append(request.to_output())
+            last = len(self.running) - 1
+            if row != last:
+                self.cache.move_slot(last, row, self.cache_lens[last])
+                self.running[row], self.cache_lens[row] = self.running[last], self.cache_lens[last]
+            self.running.pop()
+            self.cache_lens.pop()
+        return outputs

@@ -1,0 +1,236 @@
+"""Decoder-only causal LM (Qwen2, Qwen3, Llama) whose attention reads and writes a slot KV cache.
+
+Why our own module instead of a transformers model: the engine needs to write new keys at arbitrary per-row
+cache positions, attend with arbitrary masks (prefill, decode, and later draft-tree verification) and roll back
+by just moving a length counter. Parameter names mirror transformers' so HF checkpoints and verl's per-tensor
+weight sync load without renaming. Numerics follow transformers' eager/SDPA path (fp32 rotary and RMSNorm).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The architecture facts the engine needs, read from a transformers config."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    attention_bias: bool
+    qk_norm: bool
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+
+    @classmethod
+    def from_hf_config(cls, config) -> ModelSpec:
+        model_type = getattr(config, "model_type", None)
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"The torch rollout engine supports model_type in {SUPPORTED_MODEL_TYPES}, got {model_type!r}. "
+                "Use rollout.name=vllm for other architectures."
+            )
+        rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise ValueError(
+                f"The torch rollout engine supports only default RoPE, got rope_type={rope_type!r} "
+                f"for model_type={model_type!r}."
+            )
+        rope_theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        hidden_act = getattr(config, "hidden_act", "silu")
+        if hidden_act != "silu":
+            raise ValueError(f"The torch rollout engine supports hidden_act='silu', got {hidden_act!r}.")
+        num_heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
+        if model_type == "qwen2":
+            attention_bias = True
+        else:
+            attention_bias = bool(getattr(config, "attention_bias", False))
+        return cls(
+            model_type=model_type,
+            vocab_size=config.vocab_size,
+            hidden_size=config.hidden_size,
+            num_layers=config.num_hidden_layers,
+            num_heads=num_heads,
+            num_kv_heads=getattr(config, "num_key_value_heads", None) or num_heads,
+            head_dim=head_dim,
+            intermediate_size=config.intermediate_size,
+            rms_norm_eps=config.rms_norm_eps,
+            rope_theta=float(rope_theta),
+            attention_bias=attention_bias,
+            qk_norm=model_type == "qwen3",
+            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            max_position_embeddings=getattr(config, "max_position_embeddings", 32768),
+        )
+
+
+@dataclass
+class AttentionBatch:
+    """Where one forward's new tokens go in the cache and what they may attend to.
+
+    rows: the cache slots [row_start, row_start + B) hold this batch's sequences (the running batch is compact).
+    write_pos: [B, T] cache position of every new token. attn_mask: [B, 1, T, L] bool over cache positions
+    [0, L), True = may attend. cos/sin: [B, T, head_dim] rotary tables for the new tokens.
+    """
+
+    row_start: int
+    write_pos: torch.Tensor
+    attn_mask: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    @property
+    def kv_len(self) -> int:
+        return self.attn_mask.shape[-1]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, head_dim: int, theta: float):
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float().unsqueeze(-1) * self.inv_freq  # [B, T, head_dim/2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        bias = spec.attention_bias
+        self.q_proj = nn.Linear(spec.hidden_size, spec.num_heads * spec.head_dim, bias=bias)
+        self.k_proj = nn.Linear(spec.hidden_size, spec.num_kv_heads * spec.head_dim, bias=bias)
+        self.v_proj = nn.Linear(spec.hidden_size, spec.num_kv_heads * spec.head_dim, bias=bias)
+        self.o_proj = nn.Linear(spec.num_heads * spec.head_dim, spec.hidden_size, bias=False)
+        if spec.qk_norm:
+            self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps)
+            self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(
+        self, x: torch.Tensor, batch: AttentionBatch, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> torch.Tensor:
+        bsz, seq, _ = x.shape
+        q = self.q_proj(x).view(bsz, seq, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(bsz, seq, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(bsz, seq, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = batch.cos.unsqueeze(2), batch.sin.unsqueeze(2)  # [B, T, 1, head_dim]
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+
+        rows = torch.arange(batch.row_start, batch.row_start + bsz, device=x.device).unsqueeze(-1)  # [B, 1]
+        # Advanced indices on dims 0 and 2 put the [B, T] index dims first: target shape [B, T, kv_heads, D].
+        k_cache[rows, :, batch.write_pos] = k.to(k_cache.dtype)
+        v_cache[rows, :, batch.write_pos] = v.to(v_cache.dtype)
+        keys = k_cache[batch.row_start : batch.row_start + bsz, :, : batch.kv_len]  # [B, kv_heads, L, D]
+        values = v_cache[batch.row_start : batch.row_start + bsz, :, : batch.kv_len]
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys, values, attn_mask=batch.attn_mask, enable_gqa=self.num_kv_heads != self.num_heads
+        )  # [B, heads, T, D]
+        return self.o_proj(out.transpose(1, 2).reshape(bsz, seq, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.gate_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.self_attn = Attention(spec)
+        self.mlp = MLP(spec)
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+    def forward(self, x, batch: AttentionBatch, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), batch, k_cache, v_cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderBody(nn.Module):
+    """Named `model` inside CausalLM so parameter names match transformers (`model.layers.0...`)."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(spec) for _ in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    """Target model for the engine. `forward` returns final hidden states; `logits` applies the LM head."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.spec = spec
+        self.model = DecoderBody(spec)
+        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        if spec.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.rotary = RotaryEmbedding(spec.head_dim, spec.rope_theta)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        batch: AttentionBatch,
+        k_caches: list[torch.Tensor],
+        v_caches: list[torch.Tensor],
+    ) -> torch.Tensor:
+        """input_ids/positions: [B, T]. Returns normed last-layer hidden states [B, T, H]."""
+        x = self.model.embed_tokens(input_ids)
+        for layer, k_cache, v_cache in zip(self.model.layers, k_caches, v_caches):
+            x = layer(x, batch, k_cache, v_cache)
+        return self.model.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    def rotary_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.rotary(positions, dtype)

@@ -1,0 +1,60 @@
+"""Per-request state inside the engine, and what a finished request returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from verl_tlt.engine.sampling_params import SamplingParams
+
+
+@dataclass
+class CompletionOutput:
+    """A finished request. finish_reason: 'stop' (EOS or stop token), 'length' (max_tokens or context), 'abort'."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    log_probs: list[float]
+    finish_reason: str
+    stop_token_id: int | None = None
+    stats: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    generator: torch.Generator | None
+    max_total_len: int
+    output_ids: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_token_id: int | None = None
+    num_decode_steps: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    def append(self, token_id: int, log_prob: float, stop_ids: frozenset[int]) -> None:
+        """Record one emitted token and decide whether the request is finished."""
+        self.output_ids.append(token_id)
+        self.log_probs.append(log_prob)
+        if token_id in stop_ids:
+            self.finish_reason, self.stop_token_id = "stop", token_id
+        elif len(self.output_ids) >= self.params.max_tokens or self.num_tokens >= self.max_total_len:
+            self.finish_reason = "length"
+
+    def to_output(self) -> CompletionOutput:
+        return CompletionOutput(
+            request_id=self.request_id,
+            prompt_token_ids=list(self.prompt_ids),
+            token_ids=list(self.output_ids),
+            log_probs=list(self.log_probs),
+            finish_reason=self.finish_reason or "abort",
+            stop_token_id=self.stop_token_id,
+            stats={"num_decode_steps": self.num_decode_steps, "num_output_tokens": len(self.output_ids)},
+        )

@@ -1,0 +1,40 @@
+"""Batched token sampling from raw logits, with per-request parameters and generators."""
+
+from __future__ import annotations
+
+import torch
+
+from verl_tlt.engine.request import Request
+from verl_tlt.spec.logits import is_greedy, process_logits
+
+
+def params_tensors(requests: list[Request], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[N] temperature, top_k, top_p tensors for a batch of requests."""
+    temperature = torch.tensor([r.params.temperature for r in requests], dtype=torch.float32, device=device)
+    top_k = torch.tensor([r.params.top_k for r in requests], dtype=torch.long, device=device)
+    top_p = torch.tensor([r.params.top_p for r in requests], dtype=torch.float32, device=device)
+    return temperature, top_k, top_p
+
+
+def sample_tokens(
+    logits: torch.Tensor, requests: list[Request], default_generator: torch.Generator, *, raw_logprobs: bool
+) -> tuple[list[int], list[float]]:
+    """Sample one token per row of logits [N, V]; return token ids and their log-probs.
+
+    Log-probs come from the processed distribution (vLLM's `processed_logprobs`) unless raw_logprobs.
+    Each request with a seed draws from its own generator so its samples do not depend on batch composition.
+    """
+    temperature, top_k, top_p = params_tensors(requests, logits.device)
+    processed = process_logits(logits, temperature, top_k, top_p)  # [N, V] fp32
+    greedy = is_greedy(temperature)
+    tokens = processed.argmax(dim=-1)
+    if not bool(greedy.all()):
+        probs = processed.softmax(dim=-1)
+        for row, request in enumerate(requests):
+            if bool(greedy[row]):
+                continue
+            generator = request.generator or default_generator
+            tokens[row] = torch.multinomial(probs[row], 1, generator=generator)[0]
+    source = logits.float() if raw_logprobs else processed
+    log_probs = source.log_softmax(dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return tokens.tolist(), log_probs.tolist()

@@ -1,0 +1,82 @@
+"""Loading transformers checkpoints and streamed (name, tensor) updates into the engine's model."""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+from collections.abc import Iterable
+
+import torch
+
+from verl_tlt.engine.model import CausalLM
+
+logger = logging.getLogger(__name__)
+
+# Buffers some checkpoints carry that the engine recomputes itself.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def read_checkpoint(path: str) -> Iterable[tuple[str, torch.Tensor]]:
+    """Yield (name, tensor) from a local transformers checkpoint directory."""
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if files:
+        from safetensors.torch import load_file
+
+        for file in files:
+            yield from load_file(file).items()
+        return
+    # .bin or other formats: let transformers read them.
+    from transformers import AutoModelForCausalLM
+
+    logger.info("No safetensors in %s; loading the state dict through transformers", path)
+    yield from AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).state_dict().items()
+
+
+def load_weights(model: CausalLM, named_tensors: Iterable[tuple[str, torch.Tensor]], *, strict: bool) -> int:
+    """Copy tensors into `model` by transformers parameter name; returns how many were loaded.
+
+    strict=True (initial load) also requires every parameter to be present. Unknown names always raise:
+    silently skipping them would leave the rollout on stale weights.
+    """
+    params = dict(model.named_parameters(remove_duplicate=False))
+    loaded, unknown = set(), []
+    with torch.no_grad():
+        for name, tensor in named_tensors:
+            if name.endswith(_IGNORED_SUFFIXES):
+                continue
+            param = params.get(name)
+            if param is None:
+                unknown.append(name)
+                continue
+            if param.shape != tensor.shape:
+                raise ValueError(f"Weight {name!r} has shape {tuple(tensor.shape)}, engine expects {tuple(param.shape)}")
+            param.copy_(tensor.to(dtype=param.dtype, device=param.device))
+            loaded.add(name)
+    if unknown:
+        raise ValueError(f"Unknown weight name(s) for a {model.spec.model_type} model: {unknown[:5]}")
+    if strict:
+        tied = {"lm_head.weight"} if model.spec.tie_word_embeddings else set()
+        missing = sorted(set(params) - loaded - tied)
+        if missing:
+            raise ValueError(f"Checkpoint is missing weight(s): {missing[:5]}")
+    return len(loaded)
+
+
+def read_eos_token_ids(path: str, config) -> list[int]:
+    """EOS ids from generation_config.json (what vLLM uses) and the model config."""
+    ids: list[int] = []
+    for source in (getattr(config, "eos_token_id", None), _generation_config_eos(path)):
+        if source is None:
+            continue
+        ids.extend(source if isinstance(source, list) else [source])
+    return sorted(set(int(i) for i in ids))
+
+
+def _generation_config_eos(path: str):
+    file = os.path.join(path, "generation_config.json")
+    if not os.path.exists(file):
+        return None
+    with open(file) as f:
+        return json.load(f).get("eos_token_id")

@@ -1,0 +1,66 @@
+"""The one logits-processing function shared by plain decoding, drafting and verification.
+
+Plain decoding, the drafter and the verifier must see exactly the same target distribution, or speculative
+decoding stops being lossless. Every path therefore turns raw logits into a distribution through
+`process_logits` and nothing else.
+
+Conventions follow vLLM (which verl's vLLM rollout uses with `logprobs_mode=processed_logprobs`):
+- temperature 0 means greedy; the distribution used for log-probs is then the untempered one (scale 1.0);
+- top-k <= 0 or >= vocab disables top-k; top-p >= 1 disables top-p;
+- top-k is applied before top-p, and masked tokens get -inf logits.
+"""
+
+from __future__ import annotations
+
+import torch
+
+GREEDY_EPS = 1e-5
+
+
+def process_logits(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+) -> torch.Tensor:
+    """Apply temperature, top-k and top-p per row; return processed fp32 logits (masked entries are -inf).
+
+    Args:
+        logits: [N, V] raw logits (any float dtype).
+        temperature: [N] float; values below GREEDY_EPS mean greedy and are treated as 1.0 here.
+        top_k: [N] int; <= 0 or >= V disables top-k for that row.
+        top_p: [N] float in (0, 1]; 1.0 disables top-p for that row.
+
+    Returns:
+        [N, V] float32 processed logits. `log_softmax` of it gives the processed log-probs.
+    """
+    logits = logits.float()
+    vocab_size = logits.shape[-1]
+    scale = torch.where(temperature < GREEDY_EPS, torch.ones_like(temperature), temperature).float()
+    logits = logits / scale.unsqueeze(-1)
+
+    use_top_k = (top_k > 0) & (top_k < vocab_size)
+    use_top_p = top_p < 1.0
+    if not bool(use_top_k.any()) and not bool(use_top_p.any()):
+        return logits
+
+    sorted_logits, sorted_idx = logits.sort(dim=-1, descending=True)  # [N, V]
+    remove_sorted = torch.zeros_like(sorted_logits, dtype=torch.bool)
+    if bool(use_top_k.any()):
+        k = torch.where(use_top_k, top_k, torch.full_like(top_k, vocab_size)).clamp(min=1)
+        ranks = torch.arange(vocab_size, device=logits.device).unsqueeze(0)
+        remove_sorted |= ranks >= k.unsqueeze(-1)
+    if bool(use_top_p.any()):
+        masked_sorted = sorted_logits.masked_fill(remove_sorted, float("-inf"))
+        sorted_probs = masked_sorted.softmax(dim=-1)
+        # Mass strictly before each token: a token is kept while the mass before it is < top_p,
+        # so the most likely token always survives.
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        remove_sorted |= use_top_p.unsqueeze(-1) & (mass_before >= top_p.unsqueeze(-1).float())
+    remove = torch.zeros_like(remove_sorted).scatter(-1, sorted_idx, remove_sorted)
+    return logits.masked_fill(remove, float("-inf"))
+
+
+def is_greedy(temperature: torch.Tensor) -> torch.Tensor:
+    """[N] bool: rows whose temperature means greedy decoding."""
+    return temperature < GREEDY_EPS
