@@ -133,6 +133,13 @@ class RolloutEngine:
         """Load updated weights (transformers names) between steps; returns how many tensors were loaded."""
         return load_weights(self.model, named_tensors, strict=False)
 
+    def reset(self) -> None:
+        """Drop every request (waiting and running) without outputs; used after an unrecoverable step error."""
+        with self._lock:
+            self.waiting.clear()
+            self._aborted.clear()
+        self.running, self.cache_lens = [], []
+
     def release_cache(self) -> None:
         if self.running or self.waiting:
             raise RuntimeError("Cannot release the KV cache while requests are in flight")

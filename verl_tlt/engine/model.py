@@ -32,6 +32,7 @@ class ModelSpec:
     rms_norm_eps: float
     rope_theta: float
     attention_bias: bool
+    output_bias: bool
     qk_norm: bool
     tie_word_embeddings: bool
     max_position_embeddings: int
@@ -57,10 +58,11 @@ class ModelSpec:
             raise ValueError(f"The torch rollout engine supports hidden_act='silu', got {hidden_act!r}.")
         num_heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
-        if model_type == "qwen2":
-            attention_bias = True
-        else:
-            attention_bias = bool(getattr(config, "attention_bias", False))
+        if getattr(config, "mlp_bias", False):
+            raise ValueError(f"The torch rollout engine does not support mlp_bias=True ({model_type!r}).")
+        # Qwen2 has q/k/v biases and no o_proj bias; Llama and Qwen3 put `attention_bias` on all four.
+        attention_bias = True if model_type == "qwen2" else bool(getattr(config, "attention_bias", False))
+        output_bias = False if model_type == "qwen2" else attention_bias
         return cls(
             model_type=model_type,
             vocab_size=config.vocab_size,
@@ -73,6 +75,7 @@ class ModelSpec:
             rms_norm_eps=config.rms_norm_eps,
             rope_theta=float(rope_theta),
             attention_bias=attention_bias,
+            output_bias=output_bias,
             qk_norm=model_type == "qwen3",
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
             max_position_embeddings=getattr(config, "max_position_embeddings", 32768),
@@ -137,7 +140,7 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(spec.hidden_size, spec.num_heads * spec.head_dim, bias=bias)
         self.k_proj = nn.Linear(spec.hidden_size, spec.num_kv_heads * spec.head_dim, bias=bias)
         self.v_proj = nn.Linear(spec.hidden_size, spec.num_kv_heads * spec.head_dim, bias=bias)
-        self.o_proj = nn.Linear(spec.num_heads * spec.head_dim, spec.hidden_size, bias=False)
+        self.o_proj = nn.Linear(spec.num_heads * spec.head_dim, spec.hidden_size, bias=spec.output_bias)
         if spec.qk_norm:
             self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps)
             self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps)

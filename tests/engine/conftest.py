@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, Qwen2Config, Qwen3Config, Qwen2ForCausalLM, Qwen3ForCausalLM, LlamaForCausalLM
+
+EOS = 3
+ARCHS = {
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"head_dim": 16}),
+    "llama": (LlamaConfig, LlamaForCausalLM, {"attention_bias": True}),
+}
+
+
+def build_tiny_model(arch: str, path, seed: int = 0, vocab_size: int = 97):
+    """A random tiny model of `arch`, saved to `path`; returns the transformers model (fp32, eval)."""
+    config_cls, model_cls, extra = ARCHS[arch]
+    torch.manual_seed(seed)
+    config = config_cls(
+        vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, tie_word_embeddings=arch != "llama", eos_token_id=EOS, bos_token_id=1, pad_token_id=0,
+        max_position_embeddings=512, **extra,
+    )
+    model = model_cls(config).eval()
+    with torch.no_grad():  # random init has tiny biases/norms; widen them so the test exercises them
+        for name, param in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                param.add_(0.1 * torch.randn_like(param))
+    model.save_pretrained(path)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_qwen2")
+    return path, build_tiny_model("qwen2", path)

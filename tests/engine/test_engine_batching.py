@@ -1,0 +1,106 @@
+"""Continuous batching, stopping rules and seeds of the torch engine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.engine.conftest import EOS
+from verl_tlt.engine import RolloutEngine, SamplingParams
+
+PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18, 19, 20], [21], [30, 31, 32]]
+
+
+@pytest.fixture()
+def engine(tiny_qwen2):
+    return RolloutEngine.from_pretrained(str(tiny_qwen2[0]), max_num_seqs=3)
+
+
+def solo(engine, prompt, params):
+    return engine.generate([prompt], params)[0]
+
+
+def test_batched_greedy_equals_one_at_a_time(engine):
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    batched = engine.generate(PROMPTS, params)  # max_num_seqs=3: requests wait, join and leave mid-run
+    for prompt, output in zip(PROMPTS, batched):
+        alone = solo(engine, prompt, params)
+        assert output.token_ids == alone.token_ids
+        assert torch.allclose(torch.tensor(output.log_probs), torch.tensor(alone.log_probs), atol=1e-5)
+
+
+def test_mixed_max_tokens_leave_the_batch_independently(engine):
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (1, 7, 3, 12, 5)]
+    outputs = engine.generate(PROMPTS, params)
+    assert [len(o.token_ids) for o in outputs] == [1, 7, 3, 12, 5]
+    for prompt, p, output in zip(PROMPTS, params, outputs):
+        assert solo(engine, prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)).token_ids[
+            : p.max_tokens
+        ] == output.token_ids
+
+
+def test_stop_token_ends_the_request_and_is_kept(engine):
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    reference = solo(engine, PROMPTS[0], params).token_ids
+    stop = reference[4]
+    first = reference.index(stop)
+    output = solo(engine, PROMPTS[0], SamplingParams(temperature=0, max_tokens=20, stop_token_ids=[stop], ignore_eos=True))
+    assert output.token_ids == reference[: first + 1]
+    assert output.finish_reason == "stop" and output.stop_token_id == stop
+
+
+def test_eos_stops_unless_ignored(engine):
+    # Make EOS the greedy choice everywhere by pushing its LM-head row up.
+    with torch.no_grad():
+        engine.model.lm_head.weight[EOS] += 5.0 * engine.model.lm_head.weight.abs().max()
+    stopped = solo(engine, PROMPTS[1], SamplingParams(temperature=0, max_tokens=10))
+    assert stopped.token_ids == [EOS] and stopped.finish_reason == "stop"
+    ignored = solo(engine, PROMPTS[1], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
+    assert len(ignored.token_ids) == 10 and ignored.finish_reason == "length"
+
+
+def test_max_model_len_caps_generation(tiny_qwen2):
+    engine = RolloutEngine.from_pretrained(str(tiny_qwen2[0]), max_model_len=12)
+    output = solo(engine, PROMPTS[0], SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))
+    assert len(PROMPTS[0]) + len(output.token_ids) == 12 and output.finish_reason == "length"
+    with pytest.raises(ValueError, match="max_model_len"):
+        engine.add_request(list(range(5, 17)), SamplingParams())
+
+
+def test_seeded_samples_do_not_depend_on_batch_company(engine):
+    params = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, seed=7)
+    alone = solo(engine, PROMPTS[2], params)
+    others = [SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, seed=s) for s in (1, 2, 3, 4)]
+    batched = engine.generate([PROMPTS[0], PROMPTS[1], PROMPTS[2], PROMPTS[3], PROMPTS[4]],
+                              [others[0], others[1], params, others[2], others[3]])
+    assert batched[2].token_ids == alone.token_ids
+    different_seed = solo(engine, PROMPTS[2], SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, seed=8))
+    assert different_seed.token_ids != alone.token_ids
+
+
+def test_top_k_one_is_greedy(engine):
+    greedy = solo(engine, PROMPTS[0], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    top1 = solo(engine, PROMPTS[0], SamplingParams(temperature=1.3, top_k=1, max_tokens=12, ignore_eos=True, seed=0))
+    assert top1.token_ids == greedy.token_ids
+    assert all(abs(lp) < 1e-6 for lp in top1.log_probs)  # processed distribution is one-hot
+
+
+def test_abort_returns_partial_output(engine):
+    request_id = engine.add_request(PROMPTS[0], SamplingParams(temperature=0, max_tokens=50, ignore_eos=True))
+    for _ in range(4):
+        engine.step()
+    engine.abort(request_id)
+    (output,) = engine.step()
+    assert output.finish_reason == "abort" and 1 <= len(output.token_ids) < 50
+    assert not engine.has_unfinished()
+
+
+def test_load_weights_changes_outputs_and_rejects_unknown_names(engine):
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    before = solo(engine, PROMPTS[0], params).token_ids
+    state = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    state["model.norm.weight"] = -state["model.norm.weight"]
+    engine.load_weights(state.items())
+    assert solo(engine, PROMPTS[0], params).token_ids != before
+    with pytest.raises(ValueError, match="Unknown weight"):
+        engine.load_weights([("model.not_a_weight", torch.zeros(1))])

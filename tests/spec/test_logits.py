@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+import torch
+
+from verl_tlt.spec import process_logits
+
+
+def run(logits, temperature=1.0, top_k=-1, top_p=1.0):
+    n = logits.shape[0]
+    return process_logits(
+        logits, torch.full((n,), temperature), torch.full((n,), top_k, dtype=torch.long), torch.full((n,), top_p)
+    )
+
+
+def test_temperature_scales_and_zero_means_untempered():
+    logits = torch.randn(3, 11)
+    assert torch.allclose(run(logits, temperature=0.5), logits * 2)
+    assert torch.allclose(run(logits, temperature=0.0), logits)
+
+
+def test_top_k_keeps_exactly_k_tokens():
+    logits = torch.randn(4, 50)
+    kept = torch.isfinite(run(logits, top_k=5)).sum(-1)
+    assert kept.tolist() == [5, 5, 5, 5]
+
+
+def test_top_p_keeps_the_smallest_prefix_reaching_p():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    assert torch.isfinite(run(logits, top_p=0.8)).tolist() == [[True, True, False, False]]
+    assert torch.isfinite(run(logits, top_p=0.81)).tolist() == [[True, True, True, False]]
+    assert torch.isfinite(run(logits, top_p=0.1)).tolist() == [[True, False, False, False]]
+
+
+def test_rows_use_their_own_parameters():
+    logits = torch.randn(2, 20)
+    out = process_logits(logits, torch.tensor([1.0, 2.0]), torch.tensor([3, -1]), torch.tensor([1.0, 1.0]))
+    assert torch.isfinite(out[0]).sum() == 3 and torch.isfinite(out[1]).all()
+    assert torch.allclose(out[1], logits[1] / 2)

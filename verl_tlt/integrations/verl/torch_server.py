@@ -1,0 +1,213 @@
+"""The torch rollout server: a Ray actor per rollout replica that serves verl's token-in/token-out requests.
+
+verl's agent loops call `generate(prompt_ids, sampling_params, request_id)` concurrently; every call becomes a
+request in one RolloutEngine, which a background thread steps with continuous batching. The actor mirrors the
+methods verl calls on its vLLM server (wake_up/sleep/KV/abort/profile), most of which have nothing to release
+on CPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+from typing import Any
+
+import torch
+
+from verl_tlt.engine import CompletionOutput, RolloutEngine, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+TORCH_ENGINE_KWARGS = ("num_threads", "max_num_seqs")
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}
+
+
+def torch_engine_kwargs(config) -> dict[str, Any]:
+    """`actor_rollout_ref.rollout.engine_kwargs.torch`, validated."""
+    kwargs = dict((config.engine_kwargs or {}).get("torch") or {})
+    unknown = sorted(set(kwargs) - set(TORCH_ENGINE_KWARGS))
+    if unknown:
+        raise ValueError(
+            f"Unknown key(s) {unknown} in actor_rollout_ref.rollout.engine_kwargs.torch; "
+            f"supported: {list(TORCH_ENGINE_KWARGS)}"
+        )
+    return kwargs
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    if name not in _DTYPES:
+        raise ValueError(
+            f"actor_rollout_ref.rollout.dtype={name!r} is not supported by the torch rollout; use one of {list(_DTYPES)}"
+        )
+    return _DTYPES[name]
+
+
+class TorchRolloutServer:
+    """Ray actor (created by TorchReplica) owning one RolloutEngine."""
+
+    def __init__(self, config, model_config, replica_rank: int):
+        self.config, self.model_config, self.replica_rank = config, model_config, replica_rank
+        self.global_steps: int | None = None
+        self.engine: RolloutEngine | None = None
+        self._futures: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
+        self._ids = itertools.count()
+        self._work = threading.Event()
+        self._engine_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def init_engine(self) -> None:
+        kwargs = torch_engine_kwargs(self.config)
+        torch.set_num_threads(int(kwargs.get("num_threads", 1)))
+        max_model_len = self.config.max_model_len or (self.config.prompt_length + self.config.response_length)
+        self.engine = RolloutEngine.from_pretrained(
+            self.model_config.local_path,
+            dtype=resolve_dtype(self.config.dtype),
+            max_num_seqs=int(kwargs.get("max_num_seqs", self.config.max_num_seqs)),
+            max_model_len=max_model_len,
+            seed=int(self.config.get("seed", 0) or 0) + self.replica_rank,
+            logprobs_mode=self.config.logprobs_mode or "processed_logprobs",
+        )
+        self._thread = threading.Thread(target=self._run_engine, name=f"torch-rollout-{self.replica_rank}", daemon=True)
+        self._thread.start()
+        logger.info("torch rollout server %d ready (%s)", self.replica_rank, self.model_config.local_path)
+
+    # ----- token-in/token-out --------------------------------------------------------------------------------
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        request_id: str,
+        image_data: Any = None,
+        video_data: Any = None,
+        audio_data: Any = None,
+        mm_processor_kwargs: Any = None,
+        priority: int = 0,
+        **kwargs: Any,
+    ):
+        from verl.workers.rollout.replica import TokenOutput
+
+        if image_data is not None or video_data is not None or audio_data is not None:
+            raise ValueError("The torch rollout engine serves text-only models; use rollout.name=vllm for multimodal")
+        prompt_ids = [int(t) for t in prompt_ids]
+        params = SamplingParams.from_request_dict(sampling_params, default_max_tokens=self._default_max_tokens(prompt_ids))
+        room = self.engine.max_model_len - len(prompt_ids)
+        if params.max_tokens > room:
+            params = SamplingParams(**{**params.__dict__, "max_tokens": max(1, room)})
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        internal_id = f"{request_id}#{next(self._ids)}"
+        self._futures[internal_id] = (loop, future)
+        self.engine.add_request(prompt_ids, params, request_id=internal_id)
+        self._work.set()
+        output: CompletionOutput = await future
+        return TokenOutput(
+            token_ids=output.token_ids,
+            log_probs=output.log_probs,
+            stop_reason="aborted" if output.finish_reason == "abort" else "completed",
+            num_preempted=0,
+            extra_fields={"global_steps": self.global_steps},
+        )
+
+    def _default_max_tokens(self, prompt_ids: list[int]) -> int:
+        # Same default as verl's vLLM server: the response length, capped by the remaining budget.
+        return min(self.config.response_length, self.config.prompt_length + self.config.response_length - len(prompt_ids))
+
+    def _run_engine(self) -> None:
+        while True:
+            self._work.wait()
+            self._work.clear()
+            while True:
+                try:
+                    with self._engine_lock:
+                        if not self.engine.has_unfinished():
+                            break
+                        finished = self.engine.step()
+                except Exception as error:  # a crashed engine thread would hang every caller: fail them instead
+                    logger.exception("torch rollout server %d: engine step failed", self.replica_rank)
+                    self._fail_all(error)
+                    break
+                for output in finished:
+                    loop, future = self._futures.pop(output.request_id)
+                    loop.call_soon_threadsafe(_resolve, future, output)
+
+    def _fail_all(self, error: Exception) -> None:
+        with self._engine_lock:
+            self.engine.reset()
+        futures, self._futures = self._futures, {}
+        for loop, future in futures.values():
+            loop.call_soon_threadsafe(_fail, future, error)
+
+    # ----- control API used by verl ---------------------------------------------------------------------------
+
+    def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]], global_steps: int | None = None) -> int:
+        with self._engine_lock:
+            loaded = self.engine.load_weights(named_tensors)
+        if global_steps is not None:
+            self.global_steps = global_steps
+        return loaded
+
+    def num_in_flight(self) -> int:
+        return len(self._futures)
+
+    async def wait_for_requests_to_drain(self) -> None:
+        while self._futures:
+            await asyncio.sleep(0.01)
+
+    def set_global_steps(self, global_steps: int) -> None:
+        self.global_steps = global_steps
+
+    def abort_all_requests(self, reject_request: bool = False) -> dict[str, Any]:
+        ids = list(self._futures)
+        for request_id in ids:
+            self.engine.abort(request_id)
+        self._work.set()
+        return {"aborted_count": len(ids), "request_ids": ids}
+
+    def abort_request(self, request_id: str) -> dict[str, Any]:
+        matches = [i for i in self._futures if i.rsplit("#", 1)[0] == request_id]
+        for internal_id in matches:
+            self.engine.abort(internal_id)
+        self._work.set()
+        return {"aborted": bool(matches), "request_id": request_id}
+
+    def clear_kv_cache(self) -> None:
+        # Slots are rewritten from the prompt on admission; nothing survives between requests.
+        return None
+
+    def release_kv_cache(self) -> None:
+        with self._engine_lock:
+            if not self.engine.has_unfinished():
+                self.engine.release_cache()
+
+    def sleep(self) -> None:
+        self.release_kv_cache()
+
+    # Nothing to do on CPU: weights stay resident, the cache regrows on demand, profiling is not wired.
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        return None
+
+    def resume_kv_cache(self) -> None:
+        return None
+
+    def resume_generation(self) -> None:
+        return None
+
+    def start_profile(self, **kwargs: Any) -> None:
+        return None
+
+    def stop_profile(self) -> None:
+        return None
+
+
+def _fail(future: asyncio.Future, error: Exception) -> None:
+    if not future.done():
+        future.set_exception(RuntimeError(f"torch rollout engine failed: {error!r}"))
+
+
+def _resolve(future: asyncio.Future, output: CompletionOutput) -> None:
+    if not future.done():
+        future.set_result(output)
