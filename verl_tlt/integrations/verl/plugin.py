@@ -1,17 +1,20 @@
 """verl.plugins entry point: registers verl-tlt's components in every process that imports verl.
 
 verl loads this module on `import verl` (driver, TaskRunner, every Ray worker) and swallows import errors at
-DEBUG level, so this module logs its own outcome at WARNING on failure and never raises. It stays light: the
-heavy modules (Ray actors, the engine) are named by dotted path and imported by verl only when used.
+DEBUG level, so this module logs failures itself at WARNING and never raises. It stays light: each
+registration runs when verl first imports the module holding that registry (see import_hooks), so processes
+that never build a rollout or a trainer never pay for those imports.
 """
 
 from __future__ import annotations
 
 import logging
+from types import ModuleType
 
 logger = logging.getLogger("verl_tlt")
 
 TORCH_ROLLOUT_NAME = "torch"
+TORCH_ADAPTER_PATH = "verl_tlt.integrations.verl.torch_adapter.TorchServerAdapter"
 REGISTERED: list[str] = []
 
 
@@ -21,24 +24,46 @@ def _load_torch_replica():
     return TorchReplica
 
 
-def register() -> None:
-    """Register the CPU platform, the torch rollout backend and the TLT trainer mode (idempotent)."""
-    from verl.workers.rollout.base import _ROLLOUT_REGISTRY
-    from verl.workers.rollout.replica import RolloutReplicaRegistry
+def _register_rollout_adapter(base: ModuleType) -> None:
+    base._ROLLOUT_REGISTRY[(TORCH_ROLLOUT_NAME, "async")] = TORCH_ADAPTER_PATH
+    REGISTERED.append(f"rollout adapter:{TORCH_ROLLOUT_NAME}")
 
-    from verl_tlt.integrations.verl.cpu_platform import register_cpu_platform
+
+def _register_rollout_replica(replica: ModuleType) -> None:
+    replica.RolloutReplicaRegistry.register(TORCH_ROLLOUT_NAME, _load_torch_replica)
+    REGISTERED.append(f"rollout replica:{TORCH_ROLLOUT_NAME}")
+
+
+def _register_trainer_mode(_: ModuleType) -> None:
     from verl_tlt.integrations.verl.trainer_mode import register_trainer_mode
 
-    register_cpu_platform()
-    _ROLLOUT_REGISTRY[(TORCH_ROLLOUT_NAME, "async")] = "verl_tlt.integrations.verl.torch_adapter.TorchServerAdapter"
-    RolloutReplicaRegistry.register(TORCH_ROLLOUT_NAME, _load_torch_replica)
     register_trainer_mode()
-    REGISTERED[:] = ["platform:cpu", f"rollout:{TORCH_ROLLOUT_NAME}", "trainer_mode:tlt_sync"]
+    REGISTERED.append("trainer mode:tlt_sync")
+
+
+def _guarded(what: str, callback):
+    def run(module: ModuleType) -> None:
+        try:
+            callback(module)
+        except Exception:  # never break verl's own import; say loudly what is missing instead
+            logger.warning("verl-tlt could not register its %s with verl", what, exc_info=True)
+
+    return run
+
+
+def register() -> None:
+    """Register the CPU platform now and the rollout backend / trainer mode when verl loads their registries."""
+    from verl_tlt.integrations.verl.cpu_platform import register_cpu_platform
+    from verl_tlt.integrations.verl.import_hooks import when_imported
+
+    register_cpu_platform()
+    REGISTERED.append("platform:cpu")
+    when_imported("verl.workers.rollout.base", _guarded("torch rollout adapter", _register_rollout_adapter))
+    when_imported("verl.workers.rollout.replica", _guarded("torch rollout replica", _register_rollout_replica))
+    when_imported("verl.trainer.ppo.v1", _guarded("tlt_sync trainer mode", _register_trainer_mode))
 
 
 try:
     register()
-    logger.info("verl-tlt registered: %s", ", ".join(REGISTERED))
 except Exception:  # verl would hide this at DEBUG level; make it visible
-    logger.warning("verl-tlt failed to register its verl components; rollout.name=torch and TLT are unavailable",
-                   exc_info=True)
+    logger.warning("verl-tlt failed to register with verl; rollout.name=torch and TLT are unavailable", exc_info=True)

@@ -49,7 +49,11 @@ class TorchRolloutServer:
     """Ray actor (created by TorchReplica) owning one RolloutEngine."""
 
     def __init__(self, config, model_config, replica_rank: int):
-        self.config, self.model_config, self.replica_rank = config, model_config, replica_rank
+        from verl.utils.config import omega_conf_to_dataclass
+        from verl.workers.config import HFModelConfig
+
+        self.config, self.replica_rank = config, replica_rank
+        self.model_config = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
         self.global_steps: int | None = None
         self.engine: RolloutEngine | None = None
         self._futures: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
