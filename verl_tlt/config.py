@@ -1,0 +1,310 @@
+"""The ``tlt`` config block: one frozen dataclass that is the single source of defaults.
+
+Every other view of the block (the Hydra YAML files under ``verl_tlt/hydra_conf``, the table in
+``docs/config_reference.md``) is checked against :class:`TLTConfig` by ``tests/test_config.py``, and
+:func:`render_yaml_block` prints the exact text those files must contain.
+
+This module is imported by every layer, so it imports nothing heavy: no verl, ray, torch or vllm
+(omegaconf is imported lazily, and only when handed an OmegaConf node).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import types
+import typing
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Union
+
+# The override prefix every key path in an error message starts with.
+ROOT_KEY = "tlt"
+
+
+@dataclass(frozen=True)
+class TLTConfig:
+    """TLT (Taming the Long-Tail): adaptive speculative rollouts and online drafter training.
+
+    The top-level ``tlt`` block. Frozen, so that a component cannot change a knob that another one
+    already read; knob groups are nested dataclasses added with ``field(default_factory=...)``. Each
+    field's ``metadata["help"]`` (knob groups included) is the comment written above its key in the YAML
+    files and the meaning column of the docs table; this docstring's first line is the comment above ``tlt:``.
+    """
+
+    enabled: bool = field(
+        default=False,
+        metadata={
+            "help": "Turn TLT (adaptive speculative rollouts + online drafter training) on. "
+            "false = stock verl behaviour."
+        },
+    )
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None, prefix: str = ROOT_KEY) -> TLTConfig:
+        """Build and validate a config from a plain dict or an OmegaConf ``DictConfig``.
+
+        Interpolations are resolved first; a missing (``None``) block means all defaults. Unknown keys
+        and wrong types raise ``ValueError`` naming the full key path (``prefix``-rooted), the value,
+        why, and the override that fixes it, so a bad command line fails at start-up.
+        """
+        return _build(cls, _to_plain(d, prefix), prefix)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dict of all fields (what the YAML ``tlt:`` block holds)."""
+        return dataclasses.asdict(self)
+
+
+class TLTNotAvailableError(RuntimeError):
+    """``tlt.enabled=true`` was requested, but this build cannot run TLT."""
+
+
+def check_available(cfg: TLTConfig) -> None:
+    """Fail at start-up, not mid-run, when TLT is requested but not implemented yet.
+
+    Temporary: removed once speculative rollouts and drafter training land.
+    """
+    if cfg.enabled:
+        raise TLTNotAvailableError(
+            f"{ROOT_KEY}.enabled=true, but TLT's speculative rollouts and drafter training are not "
+            "available in this version of verl-tlt yet. Run with tlt.enabled=false (the default) for "
+            "stock verl behaviour: remove tlt.enabled=true from the command line (with "
+            "python -m verl.trainer.main_ppo: replace +tlt=on by +tlt=off)."
+        )
+
+
+# ---------------------------------------------------------------- field introspection
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One leaf key of the block, flattened: what the YAML files and the docs table must list."""
+
+    key: str  # dotted path below the root, e.g. "enabled" or "spec.num_speculative_tokens"
+    type_name: str  # e.g. "bool", "int | None"
+    default: Any
+    help: str
+
+
+def iter_fields(cls: type = TLTConfig, prefix: str = "") -> Iterator[FieldSpec]:
+    """Yield every leaf field of ``cls`` (recursing into nested dataclasses) in declaration order."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        tp = hints[f.name]
+        if _is_dataclass_type(tp):
+            yield from iter_fields(tp, prefix=f"{key}.")
+        else:
+            yield FieldSpec(key=key, type_name=type_name(tp), default=_default_of(f), help=_help_of(f, cls))
+
+
+def render_yaml_block(
+    overrides: Mapping[str, Any] | None = None, cls: type = TLTConfig, indent: int = 0, root: str = ROOT_KEY
+) -> str:
+    """The ``tlt:`` block in verl's YAML style: a comment above every key, a blank line between keys.
+
+    ``overrides`` maps dotted keys (``"enabled"``) to values that replace the defaults (``tlt/on.yaml``).
+    Tests compare the YAML files against this text, so a new field fails them until the files are
+    regenerated from it.
+    """
+    overrides = dict(overrides or {})
+    unknown = set(overrides) - {s.key for s in iter_fields(cls)}
+    if unknown:
+        raise ValueError(f"render_yaml_block: unknown override keys {sorted(unknown)}")
+    pad = " " * indent
+    lines = [f"{pad}# {_help_of_class(cls)}", f"{pad}{root}:"]
+    lines += _render_fields(cls, overrides, indent + 2, prefix="")
+    return "\n".join(lines) + "\n"
+
+
+def type_name(tp: Any) -> str:
+    """Readable name of a field type for messages and docs: ``bool``, ``int | None``, ``'a' | 'b'``."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " | ".join("None" if a is type(None) else type_name(a) for a in typing.get_args(tp))
+    if origin in (list, tuple):
+        args = ", ".join("..." if a is Ellipsis else type_name(a) for a in typing.get_args(tp))
+        return f"{origin.__name__}[{args}]"
+    return getattr(tp, "__name__", str(tp))
+
+
+def format_value(value: Any) -> str:
+    """A value as written in YAML and on the Hydra command line (``true``, ``null``, ``[1, 2]``)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(format_value(v) for v in value) + "]"
+    if isinstance(value, str) and not _is_bare_yaml_string(value):
+        return json.dumps(value)
+    return str(value)
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _to_plain(d: Any, path: str) -> Any:
+    """OmegaConf node -> plain containers with interpolations resolved; anything else unchanged."""
+    if type(d).__module__.startswith("omegaconf"):
+        from omegaconf import OmegaConf  # lazy: keep `import verl_tlt.config` dependency-free
+
+        try:
+            return OmegaConf.to_container(d, resolve=True)
+        except Exception as e:  # an unresolvable ${...} somewhere in the block
+            raise ValueError(
+                f"{path}: could not resolve an interpolation in the config block ({e}); fix or remove "
+                f"the ${{...}} reference under {path}."
+            ) from e
+    return d
+
+
+def _build(cls: type, d: Any, path: str) -> Any:
+    if d is None:
+        return cls()
+    if not isinstance(d, Mapping):
+        raise ValueError(
+            f"{path} must be a mapping of keys ({_valid_keys(cls)}), got {d!r} ({type(d).__name__}); "
+            f"set individual keys instead, e.g. {path}.{_example_override(cls)}."
+        )
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in d:
+        if key not in names:
+            raise ValueError(
+                f"Unknown config key '{path}.{key}' (value {d[key]!r}). Valid keys under '{path}': "
+                f"{_valid_keys(cls)}. TLT reads only the keys TLTConfig declares, so a misspelt key would "
+                f"otherwise be silently ignored. Fix: remove the override that sets {path}.{key} (e.g. "
+                f"+{path}.{key}=... on the command line) or correct its name, e.g. {path}.{_example_override(cls)} "
+                f"(all keys: docs/config_reference.md)."
+            )
+    kwargs = {}
+    for name in names:
+        if name not in d:
+            continue
+        tp, key_path = hints[name], f"{path}.{name}"
+        if _is_dataclass_type(tp):
+            kwargs[name] = _build(tp, _to_plain(d[name], key_path), key_path)
+        else:
+            kwargs[name] = _check_value(tp, d[name], key_path, _field(cls, name))
+    return cls(**kwargs)
+
+
+def _check_value(tp: Any, value: Any, path: str, f: dataclasses.Field) -> Any:
+    """Return ``value`` (normalised: tuple for tuple fields, float for int-given floats) or raise."""
+    ok, normalised = _matches(tp, value)
+    if ok:
+        return normalised
+    raise ValueError(
+        f"{path} must be {type_name(tp)}, got {value!r} ({type(value).__name__}); TLT does not coerce "
+        f"config values, so that a typo cannot silently change behaviour. "
+        f"Fix: {_fix_hint(tp, path, _default_of(f))}."
+    )
+
+
+def _matches(tp: Any, value: Any) -> tuple[bool, Any]:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return True, value
+    if origin is Literal:
+        return value in typing.get_args(tp), value
+    if origin in (Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            ok, normalised = (value is None, value) if arg is type(None) else _matches(arg, value)
+            if ok:
+                return True, normalised
+        return False, value
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            return False, value
+        args = [a for a in typing.get_args(tp) if a is not Ellipsis] or [Any]
+        items = [_matches(args[0], v) for v in value]
+        if not all(ok for ok, _ in items):
+            return False, value
+        return True, origin(v for _, v in items)
+    if tp is bool:
+        return isinstance(value, bool), value
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if tp is float:
+        is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return is_number, float(value) if is_number else value
+    if isinstance(tp, type):
+        return isinstance(value, tp), value
+    return False, value
+
+
+def _fix_hint(tp: Any, path: str, default: Any) -> str:
+    origin = typing.get_origin(tp)
+    if tp is bool:
+        return f"set {path}=true or {path}=false"
+    if origin is Literal:
+        return "set " + " or ".join(f"{path}={format_value(a)}" for a in typing.get_args(tp))
+    return f"set {path}=<{type_name(tp)}>, e.g. {path}={format_value(default)} (the default)"
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _is_bare_yaml_string(s: str) -> bool:
+    """True when ``s`` reads back as the same string unquoted (not a bool, null or number)."""
+    return bool(re.fullmatch(r"[A-Za-z_][\w./-]*", s)) and s.lower() not in _YAML_SPECIAL_WORDS
+
+
+_YAML_SPECIAL_WORDS = {"true", "false", "yes", "no", "on", "off", "null", "none", "y", "n"}
+
+
+def _is_dataclass_type(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _field(cls: type, name: str) -> dataclasses.Field:
+    return next(f for f in dataclasses.fields(cls) if f.name == name)
+
+
+def _default_of(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    raise TypeError(f"TLT config field '{f.name}' has no default; every knob needs one")
+
+
+def _help_of(f: dataclasses.Field, owner: type) -> str:
+    text = f.metadata.get("help")
+    if not text:
+        raise TypeError(f"{owner.__name__}.{f.name} has no metadata['help']; the YAML and docs need one")
+    return " ".join(text.split())
+
+
+def _help_of_class(cls: type) -> str:
+    """First docstring line: the comment above the root block's key."""
+    return (cls.__doc__ or cls.__name__).strip().splitlines()[0]
+
+
+def _valid_keys(cls: type) -> str:
+    return ", ".join(f.name for f in dataclasses.fields(cls))
+
+
+def _example_override(cls: type) -> str:
+    spec = next(iter_fields(cls))
+    return f"{spec.key}={format_value(spec.default)}"
+
+
+def _render_fields(cls: type, overrides: Mapping[str, Any], indent: int, prefix: str) -> list[str]:
+    pad = " " * indent
+    hints = typing.get_type_hints(cls)
+    lines: list[str] = []
+    for f in dataclasses.fields(cls):
+        key, tp = f"{prefix}{f.name}", hints[f.name]
+        lines.append("")
+        if _is_dataclass_type(tp):
+            lines += [f"{pad}# {_help_of(f, cls)}", f"{pad}{f.name}:"]
+            lines += _render_fields(tp, overrides, indent + 2, prefix=f"{key}.")
+        else:
+            value = overrides.get(key, _default_of(f))
+            lines += [f"{pad}# {_help_of(f, cls)}", f"{pad}{f.name}: {format_value(value)}"]
+    return lines
