@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from verl_tlt.toy.task import Problem, make_problems, parse_answer, response_num_tokens, solution_text
-from verl_tlt.toy.tokenizer import DIGITS, SYMBOLS
+from verl_tlt.toy.tokenizer import DIGITS, SYMBOLS, build_tokenizer
 
 
 def _ids(tokenizer, tokens: list[str]) -> list[int]:
@@ -86,3 +86,16 @@ def test_chat_template_rejects_unknown_roles(tokenizer):
 
 def test_unknown_characters_become_unk_instead_of_failing(tokenizer):
     assert tokenizer.encode("1x", add_special_tokens=False) == [_ids(tokenizer, ["1"])[0], tokenizer.unk_token_id]
+
+
+def test_decoding_never_fails_on_arbitrary_ids_including_only_specials():
+    # A model's output can be anything, e.g. a lone <sep>; tokenizers' Strip decoder panicked on the
+    # resulting empty string inside verl's reward worker.
+    import random
+
+    tokenizer = build_tokenizer()
+    rng = random.Random(0)
+    assert tokenizer.decode([tokenizer.convert_tokens_to_ids("<sep>")], skip_special_tokens=True) == ""
+    for _ in range(2000):
+        ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randrange(1, 30))]
+        assert isinstance(tokenizer.decode(ids, skip_special_tokens=True), str)

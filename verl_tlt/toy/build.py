@@ -27,7 +27,7 @@ from verl_tlt.toy.tokenizer import build_tokenizer
 logger = logging.getLogger(__name__)
 
 # Bump when the layout or the content for the same arguments changes, so stale worlds get rebuilt.
-TOY_WORLD_VERSION = 1
+TOY_WORLD_VERSION = 2  # 2: tokenizer decoder no longer panics on empty output
 MANIFEST_NAME = "manifest.json"
 # Validation problems use a different stream than training ones, derived from the same seed.
 _VAL_SEED_OFFSET = 1_000_003

@@ -67,7 +67,7 @@ def build_tokenizer(model_max_length: int = 2048) -> PreTrainedTokenizerFast:
     )
     # Anchored patterns: only a token that is exactly the symbol is spaced, never the "<" inside "<bos>".
     spacing = [decoders.Replace(Regex(f"^{re.escape(symbol)}$"), spaced) for symbol, spaced in _DECODE_SPACING.items()]
-    backend.decoder = decoders.Sequence([*spacing, decoders.Fuse(), decoders.Strip(" ", 1, 1)])
+    backend.decoder = decoders.Sequence([*spacing, decoders.Fuse(), decoders.Replace(Regex(r"^ +| +$"), "")])
     # Specials are matched before pre-tokenization, so "<bos>" is one token, not "<", "b", ...
     backend.add_special_tokens([AddedToken(token, special=True, normalized=False) for token in SPECIAL_TOKENS])
     # ToyTokenizer, not PreTrainedTokenizerFast: save_pretrained then writes the auto_map that keeps

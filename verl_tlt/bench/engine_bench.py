@@ -1,0 +1,120 @@
+"""`verl-tlt bench engine`: the torch engine's decode throughput vs transformers' `generate`, same model.
+
+Both decode greedily the same prompts for the same number of new tokens (EOS ignored), in the same process,
+one after the other, so the printed ratios come from one run on one (noisy) machine.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BenchModel:
+    name: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    vocab_size: int
+
+
+MODELS = {
+    # The toy world's model (verl_tlt.toy.model defaults).
+    "toy-1m": BenchModel("toy-1m", 128, 4, 4, 2, 512, 32),
+    # A ~50M-parameter Qwen2 (random weights): big enough that matmuls, not Python, dominate a step.
+    "qwen2-50m": BenchModel("qwen2-50m", 512, 10, 8, 4, 1536, 32000),
+}
+
+
+def build_model(spec: BenchModel, path: Path):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
+        intermediate_size=spec.intermediate_size, tie_word_embeddings=True, max_position_embeddings=4096,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    )
+    model = Qwen2ForCausalLM(config).eval()
+    model.save_pretrained(path)
+    return model
+
+
+def time_call(fn, repeats: int) -> float:
+    fn()  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def bench_one(spec: BenchModel, batch_size: int, prompt_len: int, new_tokens: int, repeats: int, workdir: Path):
+    from verl_tlt.engine import RolloutEngine, SamplingParams
+
+    path = workdir / spec.name
+    hf_model = build_model(spec, path)
+    engine = RolloutEngine.from_pretrained(str(path), max_num_seqs=batch_size)
+    generator = torch.Generator().manual_seed(1)
+    prompts = torch.randint(3, spec.vocab_size, (batch_size, prompt_len), generator=generator)
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+
+    def run_engine():
+        outputs = engine.generate(prompts.tolist(), params)
+        assert all(len(o.token_ids) == new_tokens for o in outputs)
+
+    def run_hf():
+        with torch.inference_mode():
+            out = hf_model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
+                                    min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+        assert out.shape[1] == prompt_len + new_tokens
+
+    engine_s, hf_s = time_call(run_engine, repeats), time_call(run_hf, repeats)
+    tokens = batch_size * new_tokens
+    return {
+        "model": spec.name,
+        "params_m": round(sum(p.numel() for p in hf_model.parameters()) / 1e6, 2),
+        "batch_size": batch_size,
+        "prompt_len": prompt_len,
+        "new_tokens": new_tokens,
+        "tokens_per_s": round(tokens / engine_s, 1),
+        "hf_tokens_per_s": round(tokens / hf_s, 1),
+        "speedup_vs_hf": round(hf_s / engine_s, 3),
+    }
+
+
+def run(json_path: str | None, models: list[str], batch_sizes: list[int], prompt_len: int, new_tokens: int,
+        repeats: int) -> dict:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in models:
+            for batch_size in batch_sizes:
+                row = bench_one(MODELS[name], batch_size, prompt_len, new_tokens, repeats, Path(tmp))
+                rows.append(row)
+                print(f"{row['model']:>10} bs={row['batch_size']:>3}: engine {row['tokens_per_s']:>8.1f} tok/s, "
+                      f"HF generate {row['hf_tokens_per_s']:>8.1f} tok/s, speedup {row['speedup_vs_hf']:.2f}x",
+                      flush=True)
+    result = {
+        "benchmark": "engine",
+        "torch_threads": torch.get_num_threads(),
+        "dtype": "float32",
+        "decoding": "greedy, EOS ignored, best of repeats after one warm-up",
+        "rows": rows,
+    }
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(result, indent=2))
+    return result

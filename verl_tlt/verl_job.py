@@ -1,0 +1,102 @@
+"""Run a verl training job in a subprocess with a hard timeout and collect its per-step metrics.
+
+Used by the CPU quickstart and the end-to-end tests. verl is started as a separate process (not imported)
+because a crashed Ray worker tends to hang rather than exit: the timeout must be able to kill everything.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class JobResult:
+    returncode: int
+    wall_s: float
+    log_path: Path
+    metrics: list[dict]  # one dict per training step, in step order (verl's file logger)
+    rollout_dump_dir: Path
+
+    def tail(self, num_lines: int = 40) -> str:
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(lines[-num_lines:])
+
+
+class VerlJobError(RuntimeError):
+    pass
+
+
+def run_verl_job(
+    overrides: list[str],
+    out_dir: str | Path,
+    *,
+    timeout_s: float = 600,
+    entry_module: str = "verl.trainer.main_ppo",
+    env: dict[str, str] | None = None,
+) -> JobResult:
+    """Run `python -m <entry_module> <overrides>`; logs, metrics and rollout dumps go under `out_dir`.
+
+    Adds the file logger and rollout dumps to the overrides. Raises VerlJobError (with the log tail) if the job
+    fails or exceeds `timeout_s`; the whole process group is killed on timeout.
+    """
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    metrics_path, log_path, dump_dir = out_dir / "metrics.jsonl", out_dir / "verl.log", out_dir / "rollouts"
+    metrics_path.unlink(missing_ok=True)
+    command = [
+        sys.executable, "-m", entry_module, *overrides,
+        "trainer.logger=[console,file]", f"trainer.rollout_data_dir={dump_dir}",
+        f"trainer.default_local_dir={out_dir / 'checkpoints'}",
+    ]
+    job_env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(metrics_path), "WANDB_MODE": "disabled",
+               "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    logger.info("running: %s", " ".join(command))
+    start = time.monotonic()
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=job_env, cwd=out_dir,
+                                   start_new_session=True)
+        try:
+            returncode = process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            _stop_ray(job_env)
+            result = JobResult(-9, time.monotonic() - start, log_path, [], dump_dir)
+            raise VerlJobError(f"verl job exceeded {timeout_s:.0f} s and was killed; log tail:\n{result.tail()}")
+    result = JobResult(returncode, time.monotonic() - start, log_path, read_metrics(metrics_path), dump_dir)
+    if returncode != 0:
+        raise VerlJobError(f"verl job failed with exit code {returncode}; log {log_path}, tail:\n{result.tail()}")
+    return result
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """verl's file logger writes one JSON line per step: {"step": n, "data": {...}}."""
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [{"step": row["step"], **row["data"]} for row in sorted(rows, key=lambda r: r["step"])]
+
+
+def read_rollouts(dump_dir: Path, step: int) -> list[dict]:
+    """Rollout samples verl dumped for `step` (trainer.rollout_data_dir): input, output, score, ..."""
+    path = Path(dump_dir) / f"{step}.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _stop_ray(env: dict[str, str]) -> None:
+    # A killed driver can leave a local Ray cluster behind; stop it so the next job starts clean.
+    ray_cli = Path(sys.executable).parent / "ray"
+    if ray_cli.exists():
+        subprocess.run([str(ray_cli), "stop", "--force"], env=env, capture_output=True, timeout=60, check=False)
