@@ -21,8 +21,16 @@ logger = logging.getLogger(__name__)
 DEFAULT_CACHE = Path(os.environ.get("VERL_TLT_CACHE", Path.home() / ".cache" / "verl-tlt"))
 
 
-def toy_grpo_overrides(world, *, steps: int, batch_size: int, group_size: int, max_response_length: int,
-                       lr: float, reward_fn: str | None = None) -> list[str]:
+def toy_grpo_overrides(
+    world,
+    *,
+    steps: int,
+    batch_size: int,
+    group_size: int,
+    max_response_length: int,
+    lr: float,
+    reward_fn: str | None = None,
+) -> list[str]:
     """verl overrides for GRPO on the toy world on CPU (everything platform-specific comes from +cpu=torch)."""
     mini_batch = batch_size
     micro_batch = batch_size * group_size
@@ -64,19 +72,23 @@ def summarize(result: JobResult, tokenizer) -> list[dict]:
     for metrics in result.metrics:
         step = metrics["step"]
         # verl dumps decoded text without special tokens; +1 counts the EOS a finished response ends with.
-        lengths = [len(tokenizer.encode(s["output"], add_special_tokens=False)) for s in read_rollouts(
-            result.rollout_dump_dir, step)]
-        rows.append({
-            "step": step,
-            "wall_time_s": round(metrics.get("timing_s/step", float("nan")), 3),
-            "rollout_time_s": round(metrics.get("timing_s/gen", float("nan")), 3),
-            "response_tokens_p50": percentile(lengths, 0.5),
-            "response_tokens_p90": percentile(lengths, 0.9),
-            "response_tokens_max": float(max(lengths)) if lengths else float("nan"),
-            "reward_mean": round(metrics.get("critic/score/mean", float("nan")), 4),
-            "grad_norm": round(metrics.get("actor/grad_norm", float("nan")), 4),
-            "rollout_probs_diff_max": metrics.get("training/rollout_probs_diff_max"),
-        })
+        lengths = [
+            len(tokenizer.encode(s["output"], add_special_tokens=False))
+            for s in read_rollouts(result.rollout_dump_dir, step)
+        ]
+        rows.append(
+            {
+                "step": step,
+                "wall_time_s": round(metrics.get("timing_s/step", float("nan")), 3),
+                "rollout_time_s": round(metrics.get("timing_s/gen", float("nan")), 3),
+                "response_tokens_p50": percentile(lengths, 0.5),
+                "response_tokens_p90": percentile(lengths, 0.9),
+                "response_tokens_max": float(max(lengths)) if lengths else float("nan"),
+                "reward_mean": round(metrics.get("critic/score/mean", float("nan")), 4),
+                "grad_norm": round(metrics.get("actor/grad_norm", float("nan")), 4),
+                "rollout_probs_diff_max": metrics.get("training/rollout_probs_diff_max"),
+            }
+        )
     return rows
 
 
@@ -84,9 +96,11 @@ def format_table(rows: list[dict]) -> str:
     header = f"{'step':>4} {'wall s':>7} {'rollout s':>9} {'len p50':>7} {'len p90':>7} {'len max':>7} {'reward':>7}"
     lines = [header, "-" * len(header)]
     for r in rows:
-        lines.append(f"{r['step']:>4} {r['wall_time_s']:>7.2f} {r['rollout_time_s']:>9.2f} "
-                     f"{r['response_tokens_p50']:>7.0f} {r['response_tokens_p90']:>7.0f} "
-                     f"{r['response_tokens_max']:>7.0f} {r['reward_mean']:>7.3f}")
+        lines.append(
+            f"{r['step']:>4} {r['wall_time_s']:>7.2f} {r['rollout_time_s']:>9.2f} "
+            f"{r['response_tokens_p50']:>7.0f} {r['response_tokens_p90']:>7.0f} "
+            f"{r['response_tokens_max']:>7.0f} {r['reward_mean']:>7.3f}"
+        )
     return "\n".join(lines)
 
 
@@ -108,15 +122,27 @@ def main(argv: list[str] | None = None) -> int:
 
     world = build_toy_world(Path(args.cache) / "toy-world")
     logger.info("toy world: %s", world.root)
-    overrides = toy_grpo_overrides(world, steps=args.steps, batch_size=args.batch_size, group_size=args.group_size,
-                                   max_response_length=args.max_response_length, lr=args.lr)
+    overrides = toy_grpo_overrides(
+        world,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        group_size=args.group_size,
+        max_response_length=args.max_response_length,
+        lr=args.lr,
+    )
     result = run_verl_job(overrides, args.out, timeout_s=args.timeout)
     rows = summarize(result, build_tokenizer())
-    summary = {"job": "toy GRPO on CPU, torch rollout", "wall_s": round(result.wall_s, 1), "steps": rows,
-               "overrides": overrides}
+    summary = {
+        "job": "toy GRPO on CPU, torch rollout",
+        "wall_s": round(result.wall_s, 1),
+        "steps": rows,
+        "overrides": overrides,
+    }
     out = Path(args.out) / "summary.json"
     out.write_text(json.dumps(summary, indent=2))
     print(format_table(rows))
-    print(f"\nverl job: {result.wall_s:.0f} s wall (incl. Ray/verl start-up); "
-          f"mean step {statistics.mean(r['wall_time_s'] for r in rows):.2f} s. Summary: {out}")
+    print(
+        f"\nverl job: {result.wall_s:.0f} s wall (incl. Ray/verl start-up); "
+        f"mean step {statistics.mean(r['wall_time_s'] for r in rows):.2f} s. Summary: {out}"
+    )
     return 0

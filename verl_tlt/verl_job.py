@@ -54,17 +54,28 @@ def run_verl_job(
     metrics_path, log_path, dump_dir = out_dir / "metrics.jsonl", out_dir / "verl.log", out_dir / "rollouts"
     metrics_path.unlink(missing_ok=True)
     command = [
-        sys.executable, "-m", entry_module, *overrides,
-        "trainer.logger=[console,file]", f"trainer.rollout_data_dir={dump_dir}",
+        sys.executable,
+        "-m",
+        entry_module,
+        *overrides,
+        "trainer.logger=[console,file]",
+        f"trainer.rollout_data_dir={dump_dir}",
         f"trainer.default_local_dir={out_dir / 'checkpoints'}",
     ]
-    job_env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(metrics_path), "WANDB_MODE": "disabled",
-               "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    job_env = {
+        **os.environ,
+        "VERL_FILE_LOGGER_PATH": str(metrics_path),
+        "WANDB_MODE": "disabled",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        **(env or {}),
+    }
     logger.info("running: %s", " ".join(command))
     start = time.monotonic()
     with open(log_path, "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=job_env, cwd=out_dir,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=job_env, cwd=out_dir, start_new_session=True
+        )
         try:
             returncode = process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -72,7 +83,8 @@ def run_verl_job(
             process.wait()
             _stop_ray(job_env)
             result = JobResult(-9, time.monotonic() - start, log_path, [], dump_dir)
-            raise VerlJobError(f"verl job exceeded {timeout_s:.0f} s and was killed; log tail:\n{result.tail()}")
+            message = f"verl job exceeded {timeout_s:.0f} s and was killed; log tail:\n{result.tail()}"
+            raise VerlJobError(message) from None
     result = JobResult(returncode, time.monotonic() - start, log_path, read_metrics(metrics_path), dump_dir)
     if returncode != 0:
         raise VerlJobError(f"verl job failed with exit code {returncode}; log {log_path}, tail:\n{result.tail()}")

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, Qwen2Config, Qwen3Config, Qwen2ForCausalLM, Qwen3ForCausalLM, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 EOS = 3
 ARCHS = {
@@ -17,9 +17,18 @@ def build_tiny_model(arch: str, path, seed: int = 0, vocab_size: int = 97):
     config_cls, model_cls, extra = ARCHS[arch]
     torch.manual_seed(seed)
     config = config_cls(
-        vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=128, tie_word_embeddings=arch != "llama", eos_token_id=EOS, bos_token_id=1, pad_token_id=0,
-        max_position_embeddings=512, **extra,
+        vocab_size=vocab_size,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        tie_word_embeddings=arch != "llama",
+        eos_token_id=EOS,
+        bos_token_id=1,
+        pad_token_id=0,
+        max_position_embeddings=512,
+        **extra,
     )
     model = model_cls(config).eval()
     with torch.no_grad():  # random init has tiny biases/norms; widen them so the test exercises them

@@ -23,7 +23,7 @@ def solo(engine, prompt, params):
 def test_batched_greedy_equals_one_at_a_time(engine):
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     batched = engine.generate(PROMPTS, params)  # max_num_seqs=3: requests wait, join and leave mid-run
-    for prompt, output in zip(PROMPTS, batched):
+    for prompt, output in zip(PROMPTS, batched, strict=True):
         alone = solo(engine, prompt, params)
         assert output.token_ids == alone.token_ids
         assert torch.allclose(torch.tensor(output.log_probs), torch.tensor(alone.log_probs), atol=1e-5)
@@ -33,10 +33,13 @@ def test_mixed_max_tokens_leave_the_batch_independently(engine):
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (1, 7, 3, 12, 5)]
     outputs = engine.generate(PROMPTS, params)
     assert [len(o.token_ids) for o in outputs] == [1, 7, 3, 12, 5]
-    for prompt, p, output in zip(PROMPTS, params, outputs):
-        assert solo(engine, prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)).token_ids[
-            : p.max_tokens
-        ] == output.token_ids
+    for prompt, p, output in zip(PROMPTS, params, outputs, strict=True):
+        assert (
+            solo(engine, prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)).token_ids[
+                : p.max_tokens
+            ]
+            == output.token_ids
+        )
 
 
 def test_stop_token_ends_the_request_and_is_kept(engine):
@@ -44,7 +47,9 @@ def test_stop_token_ends_the_request_and_is_kept(engine):
     reference = solo(engine, PROMPTS[0], params).token_ids
     stop = reference[4]
     first = reference.index(stop)
-    output = solo(engine, PROMPTS[0], SamplingParams(temperature=0, max_tokens=20, stop_token_ids=[stop], ignore_eos=True))
+    output = solo(
+        engine, PROMPTS[0], SamplingParams(temperature=0, max_tokens=20, stop_token_ids=[stop], ignore_eos=True)
+    )
     assert output.token_ids == reference[: first + 1]
     assert output.finish_reason == "stop" and output.stop_token_id == stop
 
@@ -71,8 +76,10 @@ def test_seeded_samples_do_not_depend_on_batch_company(engine):
     params = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, seed=7)
     alone = solo(engine, PROMPTS[2], params)
     others = [SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, seed=s) for s in (1, 2, 3, 4)]
-    batched = engine.generate([PROMPTS[0], PROMPTS[1], PROMPTS[2], PROMPTS[3], PROMPTS[4]],
-                              [others[0], others[1], params, others[2], others[3]])
+    batched = engine.generate(
+        [PROMPTS[0], PROMPTS[1], PROMPTS[2], PROMPTS[3], PROMPTS[4]],
+        [others[0], others[1], params, others[2], others[3]],
+    )
     assert batched[2].token_ids == alone.token_ids
     different_seed = solo(engine, PROMPTS[2], SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, seed=8))
     assert different_seed.token_ids != alone.token_ids

@@ -20,8 +20,12 @@ def test_unknown_sampling_keys_are_named_in_the_error():
 
 @pytest.mark.parametrize(
     "kwargs, text",
-    [({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"), ({"max_tokens": 0}, "max_tokens"),
-     ({"repetition_penalty": 1.1}, "repetition_penalty=1.0")],
+    [
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"repetition_penalty": 1.1}, "repetition_penalty=1.0"),
+    ],
 )
 def test_bad_values_fail_with_the_field_name(kwargs, text):
     with pytest.raises(ValueError, match=text):

@@ -42,10 +42,17 @@ def build_model(spec: BenchModel, path: Path):
 
     torch.manual_seed(0)
     config = Qwen2Config(
-        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
-        intermediate_size=spec.intermediate_size, tie_word_embeddings=True, max_position_embeddings=4096,
-        bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        intermediate_size=spec.intermediate_size,
+        tie_word_embeddings=True,
+        max_position_embeddings=4096,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
     )
     model = Qwen2ForCausalLM(config).eval()
     model.save_pretrained(path)
@@ -78,8 +85,14 @@ def bench_one(spec: BenchModel, batch_size: int, prompt_len: int, new_tokens: in
 
     def run_hf():
         with torch.inference_mode():
-            out = hf_model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
-                                    min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+            out = hf_model.generate(
+                prompts,
+                attention_mask=torch.ones_like(prompts),
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                pad_token_id=0,
+            )
         assert out.shape[1] == prompt_len + new_tokens
 
     engine_s, hf_s = time_call(run_engine, repeats), time_call(run_hf, repeats)
@@ -96,17 +109,20 @@ def bench_one(spec: BenchModel, batch_size: int, prompt_len: int, new_tokens: in
     }
 
 
-def run(json_path: str | None, models: list[str], batch_sizes: list[int], prompt_len: int, new_tokens: int,
-        repeats: int) -> dict:
+def run(
+    json_path: str | None, models: list[str], batch_sizes: list[int], prompt_len: int, new_tokens: int, repeats: int
+) -> dict:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in models:
             for batch_size in batch_sizes:
                 row = bench_one(MODELS[name], batch_size, prompt_len, new_tokens, repeats, Path(tmp))
                 rows.append(row)
-                print(f"{row['model']:>10} bs={row['batch_size']:>3}: engine {row['tokens_per_s']:>8.1f} tok/s, "
-                      f"HF generate {row['hf_tokens_per_s']:>8.1f} tok/s, speedup {row['speedup_vs_hf']:.2f}x",
-                      flush=True)
+                print(
+                    f"{row['model']:>10} bs={row['batch_size']:>3}: engine {row['tokens_per_s']:>8.1f} tok/s, "
+                    f"HF generate {row['hf_tokens_per_s']:>8.1f} tok/s, speedup {row['speedup_vs_hf']:.2f}x",
+                    flush=True,
+                )
     result = {
         "benchmark": "engine",
         "torch_threads": torch.get_num_threads(),

@@ -120,7 +120,7 @@ class RolloutEngine:
         params_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if len(params_list) != len(prompts):
             raise ValueError(f"Got {len(prompts)} prompts but {len(params_list)} SamplingParams")
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params_list)]
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params_list, strict=True)]
         done: dict[str, CompletionOutput] = {}
         while len(done) < len(ids):
             for output in self.step():
@@ -193,7 +193,7 @@ class RolloutEngine:
 
     def _emit(self, requests: list[Request], logits: torch.Tensor) -> None:
         tokens, log_probs = sample_tokens(logits, requests, self.generator, raw_logprobs=self.raw_logprobs)
-        for request, token, log_prob in zip(requests, tokens, log_probs):
+        for request, token, log_prob in zip(requests, tokens, log_probs, strict=True):
             stop_ids = request.params.stop_token_ids
             stops = frozenset(stop_ids) if request.params.ignore_eos else self.eos_token_ids.union(stop_ids)
             request.append(token, log_prob, stops)

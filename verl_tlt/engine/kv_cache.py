@@ -34,8 +34,9 @@ class SlotKVCache:
         shape = (new_slots, self.spec.num_kv_heads, new_len, self.spec.head_dim)
         new_k = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.spec.num_layers)]
         new_v = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.spec.num_layers)]
-        for old, new in zip(self.k + self.v, new_k + new_v):
-            new[: old.shape[0], :, : old.shape[2]] = old
+        if self.k:  # growing: keep what is cached (nothing to copy on the first allocation)
+            for old, new in zip(self.k + self.v, new_k + new_v, strict=True):
+                new[: old.shape[0], :, : old.shape[2]] = old
         self.k, self.v = new_k, new_v
         self.num_slots, self.capacity_len = new_slots, new_len
 

@@ -228,7 +228,7 @@ class CausalLM(nn.Module):
     ) -> torch.Tensor:
         """input_ids/positions: [B, T]. Returns normed last-layer hidden states [B, T, H]."""
         x = self.model.embed_tokens(input_ids)
-        for layer, k_cache, v_cache in zip(self.model.layers, k_caches, v_caches):
+        for layer, k_cache, v_cache in zip(self.model.layers, k_caches, v_caches, strict=True):
             x = layer(x, batch, k_cache, v_cache)
         return self.model.norm(x)
 

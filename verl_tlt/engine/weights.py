@@ -51,7 +51,9 @@ def load_weights(model: CausalLM, named_tensors: Iterable[tuple[str, torch.Tenso
                 unknown.append(name)
                 continue
             if param.shape != tensor.shape:
-                raise ValueError(f"Weight {name!r} has shape {tuple(tensor.shape)}, engine expects {tuple(param.shape)}")
+                raise ValueError(
+                    f"Weight {name!r} has shape {tuple(tensor.shape)}, engine expects {tuple(param.shape)}"
+                )
             param.copy_(tensor.to(dtype=param.dtype, device=param.device))
             loaded.add(name)
     if unknown:

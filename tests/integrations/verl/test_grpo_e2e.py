@@ -22,8 +22,9 @@ def world(tmp_path_factory):
 
 @pytest.mark.parametrize("entry_module", ["verl.trainer.main_ppo", "verl_tlt.main_ppo"])
 def test_grpo_trains_on_cpu_with_torch_rollout(world, tmp_path, entry_module):
-    overrides = toy_grpo_overrides(world, steps=3, batch_size=4, group_size=2, max_response_length=48, lr=1e-3,
-                                   reward_fn=DENSE_REWARD)
+    overrides = toy_grpo_overrides(
+        world, steps=3, batch_size=4, group_size=2, max_response_length=48, lr=1e-3, reward_fn=DENSE_REWARD
+    )
     if entry_module == "verl_tlt.main_ppo":
         overrides.append("tlt.enabled=false")
     result = run_verl_job(overrides, tmp_path, timeout_s=420, entry_module=entry_module)

@@ -42,8 +42,12 @@ def test_plugin_registers_platform_rollout_and_trainer_mode_in_a_fresh_process()
     assert seen["adapter"] == "TorchServerAdapter"
     assert seen["replica"] == "TorchReplica"
     assert seen["trainer"] == "TLTTrainerSync"
-    assert set(seen["registered"]) == {"platform:cpu", "rollout adapter:torch", "rollout replica:torch",
-                                       "trainer mode:tlt_sync"}
+    assert set(seen["registered"]) == {
+        "platform:cpu",
+        "rollout adapter:torch",
+        "rollout replica:torch",
+        "trainer mode:tlt_sync",
+    }
 
 
 def test_plugin_import_does_not_pull_in_rollout_or_trainer_modules():

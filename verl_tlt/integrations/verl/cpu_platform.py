@@ -24,7 +24,6 @@ from typing import Any
 
 import psutil
 import torch
-
 from verl.plugin.platform.platform_base import PlatformBase
 
 logger = logging.getLogger(__name__)

@@ -55,7 +55,9 @@ class TorchServerAdapter(BaseRollout):
                 "set actor_rollout_ref.rollout.checkpoint_engine.backend=naive"
             )
         if kwargs.get("peft_config") is not None:
-            raise ValueError("The torch rollout does not load LoRA adapters; set actor_rollout_ref.model.lora.merge=true")
+            raise ValueError(
+                "The torch rollout does not load LoRA adapters; set actor_rollout_ref.model.lora.merge=true"
+            )
         # Every rank must walk the generator (full_tensor() is a collective); only the leader sends.
         tensors = []
         for name, tensor in weights:

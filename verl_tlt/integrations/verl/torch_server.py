@@ -21,8 +21,14 @@ from verl_tlt.engine import CompletionOutput, RolloutEngine, SamplingParams
 logger = logging.getLogger(__name__)
 
 TORCH_ENGINE_KWARGS = ("num_threads", "max_num_seqs")
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float16": torch.float16, "fp16": torch.float16}
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 def torch_engine_kwargs(config) -> dict[str, Any]:
@@ -40,7 +46,8 @@ def torch_engine_kwargs(config) -> dict[str, Any]:
 def resolve_dtype(name: str) -> torch.dtype:
     if name not in _DTYPES:
         raise ValueError(
-            f"actor_rollout_ref.rollout.dtype={name!r} is not supported by the torch rollout; use one of {list(_DTYPES)}"
+            f"actor_rollout_ref.rollout.dtype={name!r} is not supported by the torch rollout; "
+            f"use one of {list(_DTYPES)}"
         )
     return _DTYPES[name]
 
@@ -97,7 +104,9 @@ class TorchRolloutServer:
         if image_data is not None or video_data is not None or audio_data is not None:
             raise ValueError("The torch rollout engine serves text-only models; use rollout.name=vllm for multimodal")
         prompt_ids = [int(t) for t in prompt_ids]
-        params = SamplingParams.from_request_dict(sampling_params, default_max_tokens=self._default_max_tokens(prompt_ids))
+        params = SamplingParams.from_request_dict(
+            sampling_params, default_max_tokens=self._default_max_tokens(prompt_ids)
+        )
         room = self.engine.max_model_len - len(prompt_ids)
         if params.max_tokens > room:
             params = SamplingParams(**{**params.__dict__, "max_tokens": max(1, room)})
@@ -118,7 +127,9 @@ class TorchRolloutServer:
 
     def _default_max_tokens(self, prompt_ids: list[int]) -> int:
         # Same default as verl's vLLM server: the response length, capped by the remaining budget.
-        return min(self.config.response_length, self.config.prompt_length + self.config.response_length - len(prompt_ids))
+        return min(
+            self.config.response_length, self.config.prompt_length + self.config.response_length - len(prompt_ids)
+        )
 
     def _run_engine(self) -> None:
         while True:
