@@ -65,5 +65,10 @@ def register() -> None:
 
 try:
     register()
+    # WARNING on purpose: verl's logging default hides INFO, and a user must be able to see the plugin loaded.
+    logger.warning(
+        "verl-tlt plugin loaded: cpu platform registered; torch rollout and tlt_sync trainer mode "
+        "register when verl loads them"
+    )
 except Exception:  # verl would hide this at DEBUG level; make it visible
     logger.warning("verl-tlt failed to register with verl; rollout.name=torch and TLT are unavailable", exc_info=True)
