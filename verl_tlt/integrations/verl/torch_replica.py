@@ -35,11 +35,7 @@ class TorchReplica(RolloutReplica):
         else:
             node_id = ray.get_runtime_context().get_node_id()
         kind = "_reward" if self.is_reward_model else "_teacher" if self.is_teacher_model else ""
-        name = (
-            server_actor_name(self.replica_rank, f"{kind}{self.name_suffix}")
-            if kind
-            else server_actor_name(self.replica_rank, self.name_suffix)
-        )
+        name = server_actor_name(self.replica_rank, f"{kind}{self.name_suffix}")
         server = (
             ray.remote(TorchRolloutServer)
             .options(
