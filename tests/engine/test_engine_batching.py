@@ -105,7 +105,9 @@ def test_abort_returns_partial_output(engine):
 def test_load_weights_changes_outputs_and_rejects_unknown_names(engine):
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     before = solo(engine, PROMPTS[0], params).token_ids
-    state = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    # transformers names, as verl sends them (q/k/v and gate/up land in the engine's fused projections).
+    state = {k: v.clone() for k, v in engine.model.hf_weight_views().items()}
+    assert "model.layers.0.self_attn.k_proj.weight" in state and "model.layers.0.mlp.up_proj.weight" in state
     state["model.norm.weight"] = -state["model.norm.weight"]
     engine.load_weights(state.items())
     assert solo(engine, PROMPTS[0], params).token_ids != before

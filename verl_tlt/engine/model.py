@@ -136,24 +136,35 @@ class Attention(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
-        bias = spec.attention_bias
-        self.q_proj = nn.Linear(spec.hidden_size, spec.num_heads * spec.head_dim, bias=bias)
-        self.k_proj = nn.Linear(spec.hidden_size, spec.num_kv_heads * spec.head_dim, bias=bias)
-        self.v_proj = nn.Linear(spec.hidden_size, spec.num_kv_heads * spec.head_dim, bias=bias)
-        self.o_proj = nn.Linear(spec.num_heads * spec.head_dim, spec.hidden_size, bias=spec.output_bias)
+        self.q_size, self.kv_size = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+        # q, k and v in one matmul (fewer kernel calls per layer); hf_weight_views() exposes the HF names.
+        self.qkv_proj = nn.Linear(spec.hidden_size, self.q_size + 2 * self.kv_size, bias=spec.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, spec.hidden_size, bias=spec.output_bias)
         if spec.qk_norm:
             self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps)
             self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
 
+    def hf_weight_views(self) -> dict[str, torch.Tensor]:
+        """transformers' q_proj/k_proj/v_proj tensors as views into the fused qkv_proj."""
+        bounds = {"q_proj": (0, self.q_size), "k_proj": (self.q_size, self.q_size + self.kv_size)}
+        bounds["v_proj"] = (self.q_size + self.kv_size, self.q_size + 2 * self.kv_size)
+        views = {}
+        for name, (start, end) in bounds.items():
+            views[f"{name}.weight"] = self.qkv_proj.weight.data[start:end]
+            if self.qkv_proj.bias is not None:
+                views[f"{name}.bias"] = self.qkv_proj.bias.data[start:end]
+        return views
+
     def forward(
         self, x: torch.Tensor, batch: AttentionBatch, k_cache: torch.Tensor, v_cache: torch.Tensor
     ) -> torch.Tensor:
         bsz, seq, _ = x.shape
-        q = self.q_proj(x).view(bsz, seq, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(bsz, seq, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(bsz, seq, self.num_kv_heads, self.head_dim)
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(bsz, seq, self.num_heads, self.head_dim)
+        k = k.view(bsz, seq, self.num_kv_heads, self.head_dim)
+        v = v.view(bsz, seq, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = batch.cos.unsqueeze(2), batch.sin.unsqueeze(2)  # [B, T, 1, head_dim]
@@ -175,12 +186,21 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
-        self.gate_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=False)
+        self.intermediate_size = spec.intermediate_size
+        self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * spec.intermediate_size, bias=False)
         self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=False)
 
+    def hf_weight_views(self) -> dict[str, torch.Tensor]:
+        """transformers' gate_proj/up_proj weights as views into the fused gate_up_proj."""
+        size = self.intermediate_size
+        return {
+            "gate_proj.weight": self.gate_up_proj.weight.data[:size],
+            "up_proj.weight": self.gate_up_proj.weight.data[size:],
+        }
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -234,6 +254,20 @@ class CausalLM(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
+
+    def hf_weight_views(self) -> dict[str, torch.Tensor]:
+        """Every weight under its transformers name; fused projections appear as views of their parts.
+
+        Writing into a view writes the fused parameter, so checkpoints and verl's weight sync load unchanged.
+        """
+        views = {}
+        for name, param in self.named_parameters(remove_duplicate=False):
+            if not name.endswith(("qkv_proj.weight", "qkv_proj.bias", "gate_up_proj.weight")):
+                views[name] = param.data
+        for prefix, module in self.named_modules():
+            if isinstance(module, (Attention, MLP)):
+                views.update({f"{prefix}.{name}": view for name, view in module.hf_weight_views().items()})
+        return views
 
     def rotary_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rotary(positions, dtype)

@@ -40,7 +40,7 @@ def load_weights(model: CausalLM, named_tensors: Iterable[tuple[str, torch.Tenso
     strict=True (initial load) also requires every parameter to be present. Unknown names always raise:
     silently skipping them would leave the rollout on stale weights.
     """
-    params = dict(model.named_parameters(remove_duplicate=False))
+    params = model.hf_weight_views()
     loaded, unknown = set(), []
     with torch.no_grad():
         for name, tensor in named_tensors:
