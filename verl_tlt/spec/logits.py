@@ -12,6 +12,8 @@ Conventions follow vLLM (which verl's vLLM rollout uses with `logprobs_mode=proc
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 GREEDY_EPS = 1e-5
@@ -64,3 +66,44 @@ def process_logits(
 def is_greedy(temperature: torch.Tensor) -> torch.Tensor:
     """[N] bool: rows whose temperature means greedy decoding."""
     return temperature < GREEDY_EPS
+
+
+def token_log_probs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """[N] log-probs of token_ids [N] under the rows of logits [N, V] (processed or raw, as the caller chooses)."""
+    return logits.float().log_softmax(dim=-1).gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)
+
+
+@dataclass(frozen=True)
+class LogitsParams:
+    """Per-row sampling parameters as tensors, so drafting and verification process logits like the sampler."""
+
+    temperature: torch.Tensor  # [B] float
+    top_k: torch.Tensor  # [B] long
+    top_p: torch.Tensor  # [B] float
+
+    @classmethod
+    def from_lists(
+        cls, temperature: list[float], top_k: list[int], top_p: list[float], device: torch.device | str = "cpu"
+    ) -> LogitsParams:
+        return cls(
+            torch.tensor(temperature, dtype=torch.float32, device=device),
+            torch.tensor(top_k, dtype=torch.long, device=device),
+            torch.tensor(top_p, dtype=torch.float32, device=device),
+        )
+
+    @property
+    def is_greedy(self) -> torch.Tensor:
+        return is_greedy(self.temperature)
+
+    def process(self, logits: torch.Tensor) -> torch.Tensor:
+        """process_logits for logits [B, V] or [B, M, V] (every position of row b uses row b's parameters)."""
+        if logits.dim() == 2:
+            return process_logits(logits, self.temperature, self.top_k, self.top_p)
+        rows, positions, vocab = logits.shape
+        flat = process_logits(
+            logits.reshape(rows * positions, vocab),
+            self.temperature.repeat_interleave(positions),
+            self.top_k.repeat_interleave(positions),
+            self.top_p.repeat_interleave(positions),
+        )
+        return flat.view(rows, positions, vocab)

@@ -1,0 +1,141 @@
+"""Lossless verification of a draft tree (a chain is a tree with one child per node).
+
+Given the target's processed logits at every tree node (one forward), walk down from the root:
+- greedy rows follow the child whose token is the target's argmax, and emit the argmax where none matches;
+- sampled rows run recursive rejection sampling over the children of the current node (SpecInfer / EAGLE):
+  child x drafted from q is accepted with probability min(1, r(x) / q(x)), where r starts as the target
+  distribution p; after a rejection r becomes normalize(max(r - q, 0)); if every child is rejected, one token
+  is sampled from r. With a single child sampled from q this is standard speculative sampling (accept with
+  min(1, p/q), else sample the residual); with deterministic drafts q is a point mass on the drafted token, so
+  each rejection just removes that token from r. Either way the emitted token at each node has exactly
+  distribution p, and a node without children yields the bonus token sampled from p.
+
+The emitted tokens are path[1:]'s tokens plus one final token; token j comes from the distribution at path[j],
+so log-probs for emitted tokens are read at those nodes (see `emitted_log_probs`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from verl_tlt.spec.tree import DraftTree
+
+# Below this residual mass the residual is treated as exhausted (only reachable through rounding).
+_RESIDUAL_EPS = 1e-12
+
+
+@dataclass
+class VerifyResult:
+    """One row's outcome. path: accepted tree nodes, root first. tokens: emitted tokens; tokens[j] was drawn from
+    the target distribution at node path[j], so len(tokens) == len(path) and num_accepted == len(path) - 1."""
+
+    path: list[int]
+    tokens: list[int]
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self.path) - 1
+
+
+def verify_tree(
+    tree: DraftTree,
+    target_logits: torch.Tensor,
+    is_greedy: torch.Tensor,
+    generators: list[torch.Generator | None],
+    default_generator: torch.Generator | None = None,
+) -> list[VerifyResult]:
+    """Accept the longest lossless prefix of each row's draft tree and emit one more token.
+
+    Args:
+        tree: draft trees, N+1 nodes per row (node 0 = root).
+        target_logits: [B, N+1, V] target logits already processed with `process_logits` (fp32; -inf = masked).
+        is_greedy: [B] bool.
+        generators: per-row generator for the uniform and residual draws (None = default_generator).
+    Returns:
+        One VerifyResult per row.
+    """
+    tokens = tree.tokens.tolist()
+    parents = tree.parents.tolist()
+    greedy = is_greedy.tolist()
+    results = []
+    for row in range(len(tokens)):
+        children = _children(parents[row])
+        if greedy[row]:
+            results.append(_walk_greedy(target_logits[row], tokens[row], children))
+        else:
+            draft_probs = None if tree.draft_probs is None else tree.draft_probs[row]
+            generator = generators[row] or default_generator
+            target_probs = target_logits[row].softmax(dim=-1)  # [N+1, V]
+            results.append(_walk_sampled(target_probs, draft_probs, tokens[row], children, generator))
+    return results
+
+
+def emitted_positions(results: list[VerifyResult]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Flattened (row, node, token) index tensors of every emitted token, for gathering log-probs."""
+    rows = [row for row, result in enumerate(results) for _ in result.tokens]
+    nodes = [node for result in results for node in result.path]
+    tokens = [token for result in results for token in result.tokens]
+    return torch.tensor(rows), torch.tensor(nodes), torch.tensor(tokens)
+
+
+def _children(parents: list[int]) -> list[list[int]]:
+    children: list[list[int]] = [[] for _ in parents]
+    for node in range(1, len(parents)):
+        children[parents[node]].append(node)
+    return children
+
+
+def _walk_greedy(logits: torch.Tensor, tokens: list[int], children: list[list[int]]) -> VerifyResult:
+    argmax = logits.argmax(dim=-1).tolist()  # [N+1]
+    path, emitted, node = [0], [], 0
+    while True:
+        target_token = argmax[node]
+        emitted.append(target_token)
+        match = next((child for child in children[node] if tokens[child] == target_token), None)
+        if match is None:
+            return VerifyResult(path, emitted)
+        path.append(match)
+        node = match
+
+
+def _walk_sampled(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    tokens: list[int],
+    children: list[list[int]],
+    generator: torch.Generator | None,
+) -> VerifyResult:
+    path, emitted, node = [0], [], 0
+    while True:
+        residual = target_probs[node]
+        accepted = None
+        for child in children[node]:
+            token = tokens[child]
+            draft_prob = 1.0 if draft_probs is None else float(draft_probs[child, token])
+            uniform = float(torch.rand((), generator=generator, device=residual.device))
+            if uniform * draft_prob < float(residual[token]):
+                accepted = child
+                break
+            residual = _reject(residual, token, None if draft_probs is None else draft_probs[child])
+        if accepted is None:
+            emitted.append(int(torch.multinomial(residual, 1, generator=generator)[0]))
+            return VerifyResult(path, emitted)
+        emitted.append(tokens[accepted])
+        path.append(accepted)
+        node = accepted
+
+
+def _reject(residual: torch.Tensor, token: int, draft_probs: torch.Tensor | None) -> torch.Tensor:
+    """normalize(max(r - q, 0)); q is the point mass on `token` when draft_probs is None."""
+    if draft_probs is None:
+        updated = residual.clone()
+        updated[token] = 0.0
+    else:
+        updated = (residual - draft_probs).clamp(min=0.0)
+    mass = float(updated.sum())
+    if mass <= _RESIDUAL_EPS:
+        # r == q up to rounding: a rejection had probability ~0, and r itself is the right distribution.
+        return residual
+    return updated / mass
