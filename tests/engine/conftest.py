@@ -12,8 +12,12 @@ ARCHS = {
 }
 
 
-def build_tiny_model(arch: str, path, seed: int = 0, vocab_size: int = 97):
-    """A random tiny model of `arch`, saved to `path`; returns the transformers model (fp32, eval)."""
+def build_tiny_model(arch: str, path, seed: int = 0, vocab_size: int = 97, weight_std: float | None = None):
+    """A random tiny model of `arch`, saved to `path`; returns the transformers model (fp32, eval).
+
+    weight_std re-draws every matrix with that std: larger weights make outputs depend on the context (the default
+    init repeats one token under greedy decoding, which would make draft-acceptance tests trivial).
+    """
     config_cls, model_cls, extra = ARCHS[arch]
     torch.manual_seed(seed)
     config = config_cls(
@@ -35,8 +39,17 @@ def build_tiny_model(arch: str, path, seed: int = 0, vocab_size: int = 97):
         for name, param in model.named_parameters():
             if name.endswith("bias") or "norm" in name:
                 param.add_(0.1 * torch.randn_like(param))
+            elif weight_std is not None and param.dim() == 2:
+                param.normal_(0.0, weight_std)
     model.save_pretrained(path)
     return model
+
+
+@pytest.fixture(scope="session")
+def varied_qwen2(tmp_path_factory):
+    """A tiny Qwen2 whose greedy outputs vary with the context (for speculative-decoding tests)."""
+    path = tmp_path_factory.mktemp("varied_qwen2")
+    return path, build_tiny_model("qwen2", path, weight_std=0.2)
 
 
 @pytest.fixture(scope="session")

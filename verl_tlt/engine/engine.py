@@ -15,12 +15,17 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from verl_tlt.engine.drafter import Drafter
 from verl_tlt.engine.kv_cache import SlotKVCache
 from verl_tlt.engine.model import AttentionBatch, CausalLM, ModelSpec
 from verl_tlt.engine.request import CompletionOutput, Request
-from verl_tlt.engine.sampler import sample_tokens
+from verl_tlt.engine.sampler import params_tensors, sample_tokens
 from verl_tlt.engine.sampling_params import LOGPROBS_MODES, SamplingParams
+from verl_tlt.engine.speculative import accepted_path_moves, draft_trees, tree_forward_layout
 from verl_tlt.engine.weights import load_weights, read_checkpoint, read_eos_token_ids
+from verl_tlt.spec.logits import LogitsParams, token_log_probs
+from verl_tlt.spec.strategy import SpecStrategy
+from verl_tlt.spec.verify import emitted_positions, verify_tree
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +40,8 @@ class RolloutEngine:
         max_model_len: int | None = None,
         seed: int = 0,
         logprobs_mode: str = "processed_logprobs",
+        drafter: Drafter | None = None,
+        max_draft_tokens: int = 64,
     ):
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
@@ -48,7 +55,14 @@ class RolloutEngine:
         self.max_model_len = max_model_len or model.spec.max_position_embeddings
         self.raw_logprobs = logprobs_mode == "raw_logprobs"
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        self.cache = SlotKVCache(model.spec, dtype=self.dtype, device=self.device, max_len=self.max_model_len)
+        if max_draft_tokens < 1:
+            raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
+        self.max_draft_tokens = max_draft_tokens
+        self.drafter: Drafter | None = None
+        self.set_drafter(drafter)
+        # Draft-tree nodes are verified in scratch positions after a row's prefix, hence the extra room.
+        cache_len = self.max_model_len + max_draft_tokens + 1
+        self.cache = SlotKVCache(model.spec, dtype=self.dtype, device=self.device, max_len=cache_len)
         self.running: list[Request] = []  # running[i] occupies cache slot i
         self.cache_lens: list[int] = []  # tokens already written to the cache, per running request
         self.waiting: deque[Request] = deque()
@@ -60,7 +74,7 @@ class RolloutEngine:
     def from_pretrained(
         cls, path: str, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, **kwargs
     ) -> RolloutEngine:
-        """Build the engine from a local transformers checkpoint directory."""
+        """Build the engine from a local transformers checkpoint directory (kwargs: see __init__, e.g. drafter)."""
         from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(path)
@@ -68,6 +82,19 @@ class RolloutEngine:
         load_weights(model, read_checkpoint(path), strict=True)
         kwargs.setdefault("eos_token_ids", read_eos_token_ids(path, config))
         return cls(model, **kwargs)
+
+    def set_drafter(self, drafter: Drafter | None) -> None:
+        """Attach (or with None, detach) the draft model used by speculative steps."""
+        if drafter is not None and drafter.vocab_size != self.model.spec.vocab_size:
+            raise ValueError(
+                f"Drafter vocabulary ({drafter.vocab_size}) differs from the target's ({self.model.spec.vocab_size}); "
+                "the torch engine needs a drafter over the target's vocabulary"
+            )
+        if self.drafter is not None:
+            self.drafter.reset()
+        self.drafter = drafter
+        for request in getattr(self, "running", []):
+            request.num_drafter_synced, request.pending_hidden = 0, []
 
     # ----- requests -----------------------------------------------------------------------------------------
 
@@ -103,27 +130,41 @@ class RolloutEngine:
     # ----- stepping ----------------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def step(self) -> list[CompletionOutput]:
-        """Run one prefill or decode step; return the requests that finished in it."""
+    def step(self, strategy: SpecStrategy | str | None = None) -> list[CompletionOutput]:
+        """Run one prefill or decode step; return the requests that finished in it.
+
+        strategy: decode this step speculatively with the drafter (a SpecStrategy or 'depth_topk_treetokens');
+        None decodes plainly. Prefill steps ignore it. Any step may switch, for any batch.
+        """
+        spec = self._check_strategy(strategy)
         finished = self._collect_aborted()
         admitted = self._admit()
         if admitted:
             self._prefill(admitted)
+        elif self.running and spec is not None:
+            self._decode_speculative(spec)
         elif self.running:
             self._decode()
         return finished + self._retire_finished()
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams],
+        strategy: SpecStrategy | str | None = None,
     ) -> list[CompletionOutput]:
-        """Generate completions for a list of token-id prompts; outputs are in prompt order."""
+        """Generate completions for a list of token-id prompts; outputs are in prompt order.
+
+        strategy: speculative strategy for every decode step (needs a drafter), or None for plain decoding.
+        """
+        spec = self._check_strategy(strategy)
         params_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if len(params_list) != len(prompts):
             raise ValueError(f"Got {len(prompts)} prompts but {len(params_list)} SamplingParams")
         ids = [self.add_request(p, sp) for p, sp in zip(prompts, params_list, strict=True)]
         done: dict[str, CompletionOutput] = {}
         while len(done) < len(ids):
-            for output in self.step():
+            for output in self.step(spec):
                 done[output.request_id] = output
         return [done[i] for i in ids]
 
@@ -139,6 +180,8 @@ class RolloutEngine:
             self.waiting.clear()
             self._aborted.clear()
         self.running, self.cache_lens = [], []
+        if self.drafter is not None:
+            self.drafter.reset()
 
     def release_cache(self) -> None:
         if self.running or self.waiting:
@@ -168,6 +211,9 @@ class RolloutEngine:
         hidden = self._forward(input_ids, positions, row_start, positions, mask)  # [N, T, H]
         last = torch.tensor(lengths, device=self.device) - 1
         logits = self.model.logits(hidden[torch.arange(len(requests)), last])  # [N, V]
+        if self._records_hidden:
+            for row, request in enumerate(requests):
+                request.pending_hidden.append(hidden[row, : lengths[row]].clone())
         self.running.extend(requests)
         self.cache_lens.extend(lengths)
         self._emit(requests, logits)
@@ -182,9 +228,75 @@ class RolloutEngine:
         hidden = self._forward(input_ids, positions, 0, positions, mask)
         logits = self.model.logits(hidden[:, -1])
         self.cache_lens = [n + 1 for n in self.cache_lens]
-        for request in self.running:
+        for row, request in enumerate(self.running):
             request.num_decode_steps += 1
+            if self._records_hidden:
+                request.pending_hidden.append(hidden[row, -1:].clone())
         self._emit(self.running, logits)
+
+    def _decode_speculative(self, strategy: SpecStrategy) -> None:
+        """Draft a tree per running row, verify all nodes in one target forward, commit what is accepted."""
+        requests = self.running
+        params = LogitsParams(*params_tensors(requests, self.device))
+        tree = draft_trees(self.drafter, requests, strategy, params, self.generator, self.device)
+        lens = torch.tensor(self.cache_lens, device=self.device)
+        self.cache.ensure_capacity(len(requests), max(self.cache_lens) + tree.num_nodes)
+        positions, write_pos, mask = tree_forward_layout(tree, lens)
+        hidden = self._forward(tree.tokens, positions, 0, write_pos, mask)  # [B, N+1, H]
+        logits = self.model.logits(hidden)  # [B, N+1, V]
+        processed = params.process(logits)
+        generators = [r.generator for r in requests]
+        results = verify_tree(tree, processed, params.is_greedy, generators, self.generator)
+        moves = accepted_path_moves(results, self.cache_lens, self.device)
+        if moves is not None:
+            self.cache.compact_rows(*moves)
+        rows, nodes, tokens = emitted_positions(results)
+        source = logits if self.raw_logprobs else processed
+        log_probs = token_log_probs(source[rows, nodes], tokens).tolist()
+        offset = 0
+        for row, (request, result) in enumerate(zip(requests, results, strict=True)):
+            self._commit(request, result.tokens, log_probs[offset : offset + len(result.tokens)])
+            offset += len(result.tokens)
+            self.cache_lens[row] += len(result.path)
+            request.num_decode_steps += 1
+            request.num_verify_steps += 1
+            request.num_draft_tokens += tree.num_nodes - 1
+            request.num_accepted_tokens += result.num_accepted
+            if self._records_hidden:
+                request.pending_hidden.append(hidden[row, result.path])
+
+    def _commit(self, request: Request, tokens: list[int], log_probs: list[float]) -> None:
+        """Append tokens until the request finishes (EOS/stop/max inside a draft: nothing after it is kept)."""
+        stops = self._stop_ids(request)
+        for token, log_prob in zip(tokens, log_probs, strict=True):
+            if request.finish_reason is not None:
+                return
+            request.append(token, log_prob, stops)
+
+    def _check_strategy(self, strategy: SpecStrategy | str | None) -> SpecStrategy | None:
+        if strategy is None:
+            return None
+        spec = SpecStrategy.parse(strategy)
+        if self.drafter is None:
+            raise ValueError(
+                f"Speculative strategy {spec.name!r} needs a drafter: pass drafter=... to RolloutEngine(...) or "
+                "RolloutEngine.from_pretrained(...), or call engine.set_drafter(...)"
+            )
+        if spec.tree_tokens > self.max_draft_tokens:
+            raise ValueError(
+                f"Speculative strategy {spec.name!r} verifies {spec.tree_tokens} draft tokens but the KV cache "
+                f"reserves room for max_draft_tokens={self.max_draft_tokens}; build the engine with "
+                f"max_draft_tokens>={spec.tree_tokens} or use a smaller strategy"
+            )
+        if spec.top_k > self.model.spec.vocab_size:
+            raise ValueError(
+                f"Speculative strategy {spec.name!r}: top_k exceeds the vocabulary ({self.model.spec.vocab_size})"
+            )
+        return spec
+
+    @property
+    def _records_hidden(self) -> bool:
+        return self.drafter is not None and self.drafter.uses_hidden_states
 
     def _forward(self, input_ids, positions, row_start, write_pos, mask) -> torch.Tensor:
         cos, sin = self.model.rotary_tables(positions, self.dtype)
@@ -194,9 +306,11 @@ class RolloutEngine:
     def _emit(self, requests: list[Request], logits: torch.Tensor) -> None:
         tokens, log_probs = sample_tokens(logits, requests, self.generator, raw_logprobs=self.raw_logprobs)
         for request, token, log_prob in zip(requests, tokens, log_probs, strict=True):
-            stop_ids = request.params.stop_token_ids
-            stops = frozenset(stop_ids) if request.params.ignore_eos else self.eos_token_ids.union(stop_ids)
-            request.append(token, log_prob, stops)
+            request.append(token, log_prob, self._stop_ids(request))
+
+    def _stop_ids(self, request: Request) -> frozenset[int]:
+        stop_ids = request.params.stop_token_ids
+        return frozenset(stop_ids) if request.params.ignore_eos else self.eos_token_ids.union(stop_ids)
 
     def _collect_aborted(self) -> list[CompletionOutput]:
         with self._lock:
@@ -225,6 +339,8 @@ class RolloutEngine:
             last = len(self.running) - 1
             if row != last:
                 self.cache.move_slot(last, row, self.cache_lens[last])
+                if self.drafter is not None:
+                    self.drafter.move_slot(last, row)
                 self.running[row], self.cache_lens[row] = self.running[last], self.cache_lens[last]
             self.running.pop()
             self.cache_lens.pop()

@@ -45,6 +45,11 @@ class SlotKVCache:
         for cache in self.k + self.v:
             cache[dst, :, :length] = cache[src, :, :length]
 
+    def compact_rows(self, rows: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy position src[i] to dst[i] in slot rows[i], every layer (accepted draft-tree paths)."""
+        for cache in self.k + self.v:
+            cache[rows, :, dst] = cache[rows, :, src]  # the right side is gathered first, so overlaps are safe
+
     def release(self) -> None:
         """Drop all cache memory (e.g. while the rollout sleeps)."""
         self.k, self.v = [], []

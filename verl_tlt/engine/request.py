@@ -11,7 +11,12 @@ from verl_tlt.engine.sampling_params import SamplingParams
 
 @dataclass
 class CompletionOutput:
-    """A finished request. finish_reason: 'stop' (EOS or stop token), 'length' (max_tokens or context), 'abort'."""
+    """A finished request. finish_reason: 'stop' (EOS or stop token), 'length' (max_tokens or context), 'abort'.
+
+    stats: num_decode_steps (plain + speculative), num_output_tokens, and for speculative decoding
+    num_verify_steps, num_draft_tokens (draft tokens verified) and num_accepted_tokens. Tokens per verify step
+    including the bonus token (the acceptance length) is (num_accepted_tokens + num_verify_steps) / num_verify_steps.
+    """
 
     request_id: str
     prompt_token_ids: list[int]
@@ -34,10 +39,25 @@ class Request:
     finish_reason: str | None = None
     stop_token_id: int | None = None
     num_decode_steps: int = 0
+    # Speculative decoding: verify steps, draft tokens verified, draft tokens accepted.
+    num_verify_steps: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    # Drafter sync: positions the drafter has consumed, and target hidden states of the positions after them.
+    num_drafter_synced: int = 0
+    pending_hidden: list[torch.Tensor] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def last_token_id(self) -> int:
+        return self.output_ids[-1] if self.output_ids else self.prompt_ids[-1]
 
     def append(self, token_id: int, log_prob: float, stop_ids: frozenset[int]) -> None:
         """Record one emitted token and decide whether the request is finished."""
@@ -56,5 +76,11 @@ class Request:
             log_probs=list(self.log_probs),
             finish_reason=self.finish_reason or "abort",
             stop_token_id=self.stop_token_id,
-            stats={"num_decode_steps": self.num_decode_steps, "num_output_tokens": len(self.output_ids)},
+            stats={
+                "num_decode_steps": self.num_decode_steps,
+                "num_output_tokens": len(self.output_ids),
+                "num_verify_steps": self.num_verify_steps,
+                "num_draft_tokens": self.num_draft_tokens,
+                "num_accepted_tokens": self.num_accepted_tokens,
+            },
         )
