@@ -15,6 +15,17 @@ def main(argv: list[str] | None = None) -> int:
     engine.add_argument("--prompt-len", type=int, default=32)
     engine.add_argument("--new-tokens", type=int, default=64)
     engine.add_argument("--repeats", type=int, default=3)
+    verify = sub.add_parser("verify", help="target forward cost vs draft tokens verified (k), and SD step overhead")
+    verify.add_argument("--json", help="write results to this path")
+    verify.add_argument("--model", choices=["qwen2-150m", "qwen2-tiny"], default="qwen2-150m")
+    verify.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32])
+    verify.add_argument("--ks", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32, 64])
+    verify.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16"], default=["float32", "bfloat16"])
+    verify.add_argument("--modes", nargs="+", choices=["chain", "tree"], default=["chain", "tree"])
+    verify.add_argument("--context-len", type=int, default=256)
+    verify.add_argument("--repeats", type=int, default=3)
+    verify.add_argument("--sd-steps", type=int, default=20, help="measured speculative steps for the SD overhead")
+    verify.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     args = parser.parse_args(argv)
     if args.name == "engine":
         from verl_tlt.bench.engine_bench import MODELS, run
@@ -23,4 +34,24 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"unknown model(s) {unknown}; choose from {sorted(MODELS)}")
         run(args.json, args.models, args.batch_sizes, args.prompt_len, args.new_tokens, args.repeats)
+    elif args.name == "verify":
+        import torch
+
+        from verl_tlt.bench.verify_bench import run as run_verify
+
+        if min(args.batch_sizes + args.ks + [args.context_len, args.repeats, args.sd_steps]) < 1:
+            parser.error("--batch-sizes, --ks, --context-len, --repeats and --sd-steps must be >= 1")
+        if args.threads is not None:
+            torch.set_num_threads(args.threads)
+        run_verify(
+            args.json,
+            args.model,
+            args.batch_sizes,
+            args.ks,
+            args.dtypes,
+            args.modes,
+            args.context_len,
+            args.repeats,
+            sd_steps=args.sd_steps,
+        )
     return 0

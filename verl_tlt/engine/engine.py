@@ -84,7 +84,11 @@ class RolloutEngine:
         return cls(model, **kwargs)
 
     def set_drafter(self, drafter: Drafter | None) -> None:
-        """Attach (or with None, detach) the draft model used by speculative steps."""
+        """Attach (or with None, detach) the draft model used by speculative steps, between generate calls."""
+        if getattr(self, "running", None) or getattr(self, "waiting", None):
+            raise RuntimeError(
+                "Cannot change the drafter while requests are in flight: the new drafter has not seen their context"
+            )
         if drafter is not None and drafter.vocab_size != self.model.spec.vocab_size:
             raise ValueError(
                 f"Drafter vocabulary ({drafter.vocab_size}) differs from the target's ({self.model.spec.vocab_size}); "
@@ -93,8 +97,6 @@ class RolloutEngine:
         if self.drafter is not None:
             self.drafter.reset()
         self.drafter = drafter
-        for request in getattr(self, "running", []):
-            request.num_drafter_synced, request.pending_hidden = 0, []
 
     # ----- requests -----------------------------------------------------------------------------------------
 

@@ -1,0 +1,96 @@
+"""The EAGLE drafter in the engine: incremental tree drafting equals recomputation; SD with it stays exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from verl_tlt.drafter.model import EagleDrafterModel
+from verl_tlt.engine import RolloutEngine, SamplingParams
+from verl_tlt.engine.drafter import DraftContext
+from verl_tlt.engine.eagle_drafter import EagleDrafter
+from verl_tlt.engine.model import AttentionBatch
+
+PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18, 19, 20], [21], [30, 31, 32]]
+
+
+@pytest.fixture()
+def engine(varied_qwen2):
+    engine = RolloutEngine.from_pretrained(str(varied_qwen2[0]), max_num_seqs=3)
+    model = EagleDrafterModel.from_target(engine.model)
+    with torch.no_grad():  # move away from the pass-through init so the fc really mixes the embedding in
+        model.fc.weight.add_(0.05 * torch.randn_like(model.fc.weight))
+    engine.set_drafter(EagleDrafter(model))
+    return engine
+
+
+def reference_features(model: EagleDrafterModel, tokens: list[int], hidden: torch.Tensor) -> torch.Tensor:
+    """Drafter outputs [T, H] for pairs (hidden[j], tokens[j]) at positions 0..T-1, causal, no cache reuse."""
+    length = len(tokens)
+    spec = model.spec
+    k = torch.zeros(1, spec.num_kv_heads, length, spec.head_dim)
+    v = torch.zeros_like(k)
+    positions = torch.arange(length).unsqueeze(0)
+    cos, sin = model.target.rotary_tables(positions, torch.float32)
+    mask = torch.ones(length, length, dtype=torch.bool).tril().view(1, 1, length, length)
+    batch = AttentionBatch(row_start=0, write_pos=positions, attn_mask=mask, cos=cos, sin=sin)
+    with torch.no_grad():
+        return model(torch.tensor([tokens]), hidden.unsqueeze(0), batch, k, v)[0]
+
+
+def test_tree_expansion_matches_recomputing_each_path(engine):
+    drafter: EagleDrafter = engine.drafter
+    model = drafter.model
+    sequence = [3, 17, 42, 8, 60, 9]
+    hidden = torch.randn(len(sequence) - 1, model.spec.hidden_size)
+    root_logits = drafter.begin([DraftContext(sequence, 0, hidden)])
+    pairs_tokens = sequence[1:]
+    features = reference_features(model, pairs_tokens, hidden)
+    assert torch.allclose(root_logits[0], model.logits(features[-1]), atol=1e-5)
+    # Two siblings under the root, then a child under the second sibling (depth 2) and one under the first.
+    level1 = drafter.expand(torch.tensor([[1, 2]]), torch.tensor([[0, 0]]), torch.tensor([[11, 12]]))
+    level2 = drafter.expand(torch.tensor([[5, 3]]), torch.tensor([[2, 1]]), torch.tensor([[13, 14]]))
+    root_feature = features[-1]
+    for token, logits in ((11, level1[0, 0]), (12, level1[0, 1])):
+        path = reference_features(model, pairs_tokens + [token], torch.cat([hidden, root_feature[None]]))
+        assert torch.allclose(logits, model.logits(path[-1]), atol=1e-5)
+    for parent_token, token, logits in ((12, 13, level2[0, 0]), (11, 14, level2[0, 1])):
+        first = reference_features(model, pairs_tokens + [parent_token], torch.cat([hidden, root_feature[None]]))
+        feats = torch.cat([hidden, root_feature[None], first[-1][None]])
+        path = reference_features(model, pairs_tokens + [parent_token, token], feats)
+        assert torch.allclose(logits, model.logits(path[-1]), atol=1e-5)
+
+
+def test_incremental_begin_equals_one_shot(engine):
+    drafter: EagleDrafter = engine.drafter
+    sequence = list(range(3, 15))
+    hidden = torch.randn(len(sequence) - 1, drafter.model.spec.hidden_size)
+    one_shot = drafter.begin([DraftContext(sequence, 0, hidden)])
+    drafter.reset()
+    drafter.begin([DraftContext(sequence[:5], 0, hidden[:4])])
+    incremental = drafter.begin([DraftContext(sequence, 4, hidden[4:])])
+    assert torch.allclose(one_shot, incremental, atol=1e-5)
+
+
+@pytest.mark.parametrize("strategy", ["4_1_4", "3_3_8", "5_2_10"])
+def test_greedy_sd_with_eagle_drafter_equals_plain(engine, varied_qwen2, strategy):
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    plain = RolloutEngine.from_pretrained(str(varied_qwen2[0]), max_num_seqs=3).generate(PROMPTS, params)
+    sd = engine.generate(PROMPTS, params, strategy=strategy)
+    assert [o.token_ids for o in sd] == [o.token_ids for o in plain]
+    assert sum(o.stats["num_verify_steps"] for o in sd) > 0
+
+
+def test_drafter_cannot_change_mid_flight(engine):
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=4))
+    with pytest.raises(RuntimeError, match="in flight"):
+        engine.set_drafter(None)
+
+
+def test_drafter_rejects_a_target_of_another_size(engine, tiny_qwen2):
+    other = RolloutEngine.from_pretrained(str(tiny_qwen2[0]))
+    model = EagleDrafterModel(engine.model.spec)
+    model.attach(other.model)  # same sizes: fine
+    wider = EagleDrafterModel(type(engine.model.spec)(**{**engine.model.spec.__dict__, "hidden_size": 32}))
+    with pytest.raises(ValueError, match="does not fit the target"):
+        wider.attach(other.model)

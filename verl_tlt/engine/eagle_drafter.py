@@ -1,0 +1,145 @@
+"""Runs an EAGLE drafter inside the torch engine: its own KV cache per slot, tree drafting with ancestor masks.
+
+Pair j of a row is (target hidden h_j, token t_{j+1}) at position j; the drafter has consumed pairs [0, synced).
+`begin` feeds the new pairs and keeps each row's last output feature (the root's feature, which predicts the
+token after the root). `expand` feeds tree nodes: node c with parent p is the pair (feature(p), token(c)) at
+position committed + depth(p), one past its parent, written in scratch cache slots after the committed pairs and
+attending to the committed pairs plus its expanded ancestors. Scratch entries are simply
+overwritten by the next `begin`, so nothing needs rolling back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from verl_tlt.drafter.model import EagleDrafterModel
+from verl_tlt.engine.drafter import DraftContext, Drafter
+from verl_tlt.engine.kv_cache import SlotKVCache
+from verl_tlt.engine.model import AttentionBatch
+
+
+class EagleDrafter(Drafter):
+    """The engine-side EAGLE drafter (attach to an engine whose target the model shares embedding/head with)."""
+
+    uses_hidden_states = True
+
+    def __init__(self, model: EagleDrafterModel, max_len: int = 32768):
+        self.model = model.eval()
+        param = model.fc.weight
+        self.device, self.dtype = param.device, param.dtype
+        layer_spec = dataclasses.replace(model.spec, num_layers=1)
+        self.cache = SlotKVCache(layer_spec, dtype=self.dtype, device=self.device, max_len=max_len)
+        self.synced: list[int] = []  # pairs in each slot's cache
+        self._search: _TreeSearchState | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.spec.vocab_size
+
+    @torch.inference_mode()
+    def begin(self, rows: list[DraftContext]) -> torch.Tensor:
+        self._ensure_slots(len(rows))
+        starts = [row.num_synced for row in rows]
+        counts = [len(row.token_ids) - 1 - row.num_synced for row in rows]
+        if min(counts) < 1:
+            raise ValueError(f"EagleDrafter.begin needs at least one new (hidden, token) pair per row, got {counts}")
+        width = max(counts)
+        tokens = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)
+        hidden = torch.zeros(len(rows), width, self.model.spec.hidden_size, dtype=self.dtype, device=self.device)
+        for b, row in enumerate(rows):
+            if row.hidden_states is None or row.hidden_states.shape[0] != counts[b]:
+                raise ValueError(f"EagleDrafter needs {counts[b]} target hidden states for row {b}")
+            tokens[b, : counts[b]] = torch.tensor(row.token_ids[starts[b] + 1 :], device=self.device)
+            hidden[b, : counts[b]] = row.hidden_states
+        start = torch.tensor(starts, device=self.device)
+        positions = start.unsqueeze(1) + torch.arange(width, device=self.device)  # [B, T]; padding runs past the end
+        kv_len = int(positions.max()) + 1
+        self.cache.ensure_capacity(len(rows), kv_len)
+        mask = torch.arange(kv_len, device=self.device).view(1, 1, kv_len) <= positions.unsqueeze(-1)
+        features = self._forward(tokens, hidden, positions, positions, mask.unsqueeze(1))
+        last = torch.tensor(counts, device=self.device) - 1
+        root_features = features[torch.arange(len(rows)), last]  # [B, H]
+        self.synced[: len(rows)] = [s + c for s, c in zip(starts, counts, strict=True)]
+        self._search = _TreeSearchState(root_features, torch.tensor(self.synced[: len(rows)], device=self.device))
+        return self.model.logits(root_features)
+
+    @torch.inference_mode()
+    def expand(self, node_ids: torch.Tensor, parent_ids: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        search = self._search
+        if search is None:
+            raise RuntimeError("EagleDrafter.expand called before begin")
+        parent_features, positions, write_pos, ancestors = search.add_nodes(node_ids, parent_ids)
+        kv_len = int(write_pos.max()) + 1
+        self.cache.ensure_capacity(node_ids.shape[0], kv_len)
+        cols = torch.arange(kv_len, device=self.device).view(1, 1, kv_len)
+        mask = (cols < search.committed.view(-1, 1, 1)).expand(-1, node_ids.shape[1], -1).clone()  # committed pairs
+        scratch = (search.committed.view(-1, 1, 1) + torch.arange(ancestors.shape[-1], device=self.device)).expand_as(
+            ancestors
+        )
+        mask.scatter_(2, scratch, ancestors)  # plus the node's expanded ancestors and itself
+        features = self._forward(tokens, parent_features, positions, write_pos, mask.unsqueeze(1))
+        search.store_features(features)
+        return self.model.logits(features)
+
+    def move_slot(self, src: int, dst: int) -> None:
+        if src < len(self.synced) and self.synced[src] > 0:
+            self.cache.move_slot(src, dst, self.synced[src])
+            self.synced[dst] = self.synced[src]
+
+    def reset(self) -> None:
+        self.synced = [0] * len(self.synced)
+        self._search = None
+
+    def _ensure_slots(self, count: int) -> None:
+        if len(self.synced) < count:
+            self.synced.extend([0] * (count - len(self.synced)))
+
+    def _forward(self, tokens, hidden, positions, write_pos, mask) -> torch.Tensor:
+        cos, sin = self.model.target.rotary_tables(positions, self.dtype)
+        batch = AttentionBatch(row_start=0, write_pos=write_pos, attn_mask=mask, cos=cos, sin=sin)
+        return self.model(tokens, hidden, batch, self.cache.k[0], self.cache.v[0])
+
+
+class _TreeSearchState:
+    """One draft-tree search: where each expanded node sits in the scratch cache, its depth, feature, ancestors.
+
+    Expanded nodes get columns 0, 1, ... in expansion order (scratch cache position committed + column). Column
+    lookups go through an "extended" view whose index 0 is the root, so parent index = column + 1, 0 = root.
+    """
+
+    def __init__(self, root_features: torch.Tensor, committed: torch.Tensor):
+        rows, hidden = root_features.shape
+        device = root_features.device
+        self.committed = committed  # [B] pairs in each row's cache
+        self.features = root_features.unsqueeze(1)  # [B, 1+E, H]: root, then expanded nodes
+        self.depths = torch.zeros(rows, 1, dtype=torch.long, device=device)  # [B, 1+E]
+        self.ancestors = torch.zeros(rows, 1, 0, dtype=torch.bool, device=device)  # [B, 1+E, E] over columns
+        self.index_of = torch.zeros(rows, 1, dtype=torch.long, device=device)  # search id -> extended index
+
+    def add_nodes(self, node_ids: torch.Tensor, parent_ids: torch.Tensor):
+        """Register new nodes; return their parents' features [B, m, H], positions and write positions [B, m],
+        and ancestor-or-self masks [B, m, E+m] over scratch columns."""
+        rows, count = node_ids.shape
+        device = node_ids.device
+        columns = self.ancestors.shape[-1]
+        needed = int(torch.maximum(node_ids.max(), parent_ids.max())) + 1
+        if self.index_of.shape[1] < needed:
+            self.index_of = torch.nn.functional.pad(self.index_of, (0, needed - self.index_of.shape[1]))
+        parent = self.index_of.gather(1, parent_ids)  # [B, m] extended index, 0 = root
+        batch = torch.arange(rows, device=device).unsqueeze(1)
+        parent_features = self.features[batch, parent]  # [B, m, H]
+        parent_depths = self.depths[batch, parent]  # [B, m]
+        own = torch.eye(count, dtype=torch.bool, device=device).expand(rows, count, count)
+        ancestors = torch.cat([self.ancestors[batch, parent], own], dim=2)  # [B, m, E+m]
+        self.ancestors = torch.cat([torch.nn.functional.pad(self.ancestors, (0, count)), ancestors], dim=1)
+        self.depths = torch.cat([self.depths, parent_depths + 1], dim=1)
+        new_columns = torch.arange(columns, columns + count, device=device)
+        self.index_of.scatter_(1, node_ids, (new_columns + 1).expand(rows, count))
+        write_pos = self.committed.unsqueeze(1) + new_columns  # [B, m]
+        positions = self.committed.unsqueeze(1) + parent_depths  # one past the parent's position
+        return parent_features, positions, write_pos, ancestors
+
+    def store_features(self, features: torch.Tensor) -> None:
+        self.features = torch.cat([self.features, features], dim=1)
