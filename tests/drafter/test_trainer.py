@@ -1,0 +1,173 @@
+"""Drafter trainer: learns, stops within one step, resumes exactly, saves atomically, helps SD acceptance."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from verl_tlt.drafter.data import DrafterDataBuffer, DrafterSample, pack
+from verl_tlt.drafter.model import EagleDrafterModel
+from verl_tlt.drafter.trainer import DrafterTrainConfig, DrafterTrainer, drafter_forward, drafter_losses
+from verl_tlt.engine import RolloutEngine, SamplingParams
+from verl_tlt.engine.eagle_drafter import EagleDrafter
+
+PROMPTS = [[5, 6, 7], [10, 11], [12, 13, 14, 15], [21], [30, 31, 32], [40, 41], [50], [60, 61, 62]]
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    """A tiny varied Qwen2 as engine + transformers model, and its greedy samples with hidden states."""
+    from tests.engine.conftest import build_tiny_model
+
+    path = tmp_path_factory.mktemp("drafter_target")
+    hf_model = build_tiny_model("qwen2", path, weight_std=0.2)
+    engine = RolloutEngine.from_pretrained(str(path), max_num_seqs=8)
+    outputs = engine.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+    samples = []
+    for prompt, output in zip(PROMPTS, outputs, strict=True):
+        ids = torch.tensor(prompt + output.token_ids)
+        with torch.no_grad():
+            hidden = hf_model(ids.unsqueeze(0), output_hidden_states=True).hidden_states[-1][0]
+        samples.append(DrafterSample(ids, hidden, torch.arange(len(ids)) >= len(prompt)))
+    return path, engine, samples
+
+
+def make_trainer(engine, samples, **config) -> DrafterTrainer:
+    torch.manual_seed(0)
+    buffer = DrafterDataBuffer(max_tokens=100_000)
+    buffer.add(samples)
+    config.setdefault("lr", 3e-3)
+    config.setdefault("max_tokens_per_batch", 128)
+    return DrafterTrainer(EagleDrafterModel.from_target(engine.model), buffer, DrafterTrainConfig(**config))
+
+
+def test_training_lowers_the_loss_and_leaves_shared_weights_alone(target):
+    _, engine, samples = target
+    embedding_before = engine.model.model.embed_tokens.weight.clone()
+    trainer = make_trainer(engine, samples)
+    first = trainer.train(max_steps=1).last_metrics
+    report = trainer.train(max_steps=60)
+    assert report.steps == 60 and report.stopped_by == "max_steps"
+    assert report.last_metrics["loss"] < 0.5 * first["loss"], (first, report.last_metrics)
+    assert report.last_metrics["top1_accuracy"] > first["top1_accuracy"]
+    assert torch.equal(engine.model.model.embed_tokens.weight, embedding_before)
+    assert not any(k.startswith(("embed", "lm_head")) for k in trainer.model.state_dict())
+
+
+def test_loss_ignores_prompt_positions(target):
+    _, engine, samples = target
+    model = EagleDrafterModel.from_target(engine.model)
+    batch = pack([samples[0]])
+    with torch.no_grad():
+        base = drafter_losses(
+            model, drafter_forward(model, batch, batch.input_hidden), batch.target_hidden, batch.loss_mask
+        )
+        changed_targets = batch.target_hidden.clone()
+        changed_targets[~batch.loss_mask] = 123.0  # targets of non-loss pairs: must not matter
+        other = drafter_losses(
+            model, drafter_forward(model, batch, batch.input_hidden), changed_targets, batch.loss_mask
+        )
+    assert torch.equal(base["hidden_loss"], other["hidden_loss"]) and torch.equal(
+        base["logit_loss"], other["logit_loss"]
+    )
+
+
+def test_packed_neighbours_do_not_change_a_samples_features(target):
+    _, engine, samples = target
+    model = EagleDrafterModel.from_target(engine.model)
+    with torch.no_grad():
+        alone = pack([samples[1]])
+        together = pack([samples[0], samples[1]])
+        features_alone = drafter_forward(model, alone, alone.input_hidden)[0]
+        features_packed = drafter_forward(model, together, together.input_hidden)[0, -alone.num_pairs :]
+    assert torch.allclose(features_alone, features_packed, atol=1e-5)
+
+
+def test_stop_event_ends_training_within_one_step(target):
+    _, engine, samples = target
+    trainer = make_trainer(engine, samples)
+    step_seconds = trainer.train(max_steps=3).seconds / 3
+    stop, result = threading.Event(), {}
+    worker = threading.Thread(target=lambda: result.update(report=trainer.train(stop=stop, max_steps=100_000)))
+    worker.start()
+    time.sleep(0.3)
+    stop.set()
+    asked = time.monotonic()
+    worker.join(timeout=30)
+    latency = time.monotonic() - asked
+    assert result["report"].stopped_by == "stop" and result["report"].steps > 0
+    assert latency < 3 * step_seconds + 0.2, (latency, step_seconds)  # one step plus scheduling slack
+
+
+def test_deadline_ends_training(target):
+    _, engine, samples = target
+    report = make_trainer(engine, samples).train(deadline=time.monotonic() + 0.2)
+    assert report.stopped_by == "deadline"
+
+
+def test_resume_continues_exactly_where_training_stopped(target, tmp_path):
+    _, engine, samples = target
+    straight = make_trainer(engine, samples, input_noise=0.1)
+    straight.train(max_steps=6)
+    interrupted = make_trainer(engine, samples, input_noise=0.1)
+    interrupted.train(max_steps=3)
+    interrupted.save_checkpoint(tmp_path / "ckpt", wait=True)
+    resumed = make_trainer(engine, samples, input_noise=0.1)
+    resumed.load_checkpoint(tmp_path / "ckpt")
+    assert resumed.global_step == 3
+    resumed.train(max_steps=3)
+    for (name, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6), name
+
+
+def test_failed_save_keeps_the_previous_checkpoint(target, tmp_path, monkeypatch):
+    _, engine, samples = target
+    trainer = make_trainer(engine, samples)
+    trainer.train(max_steps=1)
+    trainer.save_checkpoint(tmp_path / "ckpt", wait=True)
+    trainer.train(max_steps=1)
+
+    def broken_save(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    trainer.save_checkpoint(tmp_path / "ckpt", wait=True)
+    monkeypatch.undo()
+    restored = make_trainer(engine, samples)
+    restored.load_checkpoint(tmp_path / "ckpt")
+    assert restored.global_step == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no temp directories left behind
+
+
+def test_corrupt_checkpoint_is_a_clear_error(target, tmp_path):
+    _, engine, samples = target
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "drafter_trainer.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="Cannot load drafter trainer checkpoint"):
+        make_trainer(engine, samples).load_checkpoint(tmp_path / "ckpt")
+    with pytest.raises(FileNotFoundError):
+        make_trainer(engine, samples).load_checkpoint(tmp_path / "missing")
+
+
+def test_trained_drafter_raises_acceptance_in_the_engine(target):
+    # End to end: what the trainer learns (pairs, positions, masks) is what the engine's drafter uses.
+    path, _, samples = target
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+
+    def acceptance(drafter_model):
+        engine = RolloutEngine.from_pretrained(str(path), max_num_seqs=8)
+        drafter_model.attach(engine.model)
+        engine.set_drafter(EagleDrafter(drafter_model))
+        outputs = engine.generate(PROMPTS, params, strategy="4_1_4")
+        steps = sum(o.stats["num_verify_steps"] for o in outputs)
+        return (sum(o.stats["num_accepted_tokens"] for o in outputs) + steps) / steps
+
+    _, engine, _ = target
+    trainer = make_trainer(engine, samples)
+    before = acceptance(trainer.model)
+    trainer.train(max_steps=600)
+    after = acceptance(trainer.model)
+    assert after > before + 1.0 and after > 2.2, (before, after)  # measured: 1.04 -> 2.61

@@ -1,0 +1,222 @@
+"""Training data for the EAGLE drafter: captured (token ids, target hidden states) samples, a bounded buffer,
+and packing into drafter training batches.
+
+Alignment (EAGLE): the drafter at position j reads the target's hidden state h_j and the token t_{j+1} and
+predicts h_{j+1} (whose LM-head distribution is the target's distribution of t_{j+2}). A sample of T tokens with
+hidden states at all T positions gives T - 1 training pairs j = 0..T-2. A pair enters the loss only if position
+j + 1 is a response position (the drafter drafts responses, not prompts), and padding never enters a sample at
+all: `sample_from_padded_row` keeps exactly the attended positions, whether verl padded left or right.
+
+Packing puts several samples in one row with a block-diagonal causal mask and positions restarting at each
+sample, so no sample attends to another (the reference implementation packed with a plain causal mask).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class DrafterSample:
+    """One sequence: token_ids [T] long, hidden_states [T, H] (target last layer, after the final norm),
+    response_mask [T] bool (True where the token is part of the response), step: the RL step it came from."""
+
+    token_ids: torch.Tensor
+    hidden_states: torch.Tensor
+    response_mask: torch.Tensor
+    step: int = 0
+
+    def __post_init__(self) -> None:
+        length = self.token_ids.shape[0]
+        if self.hidden_states.shape[0] != length or self.response_mask.shape[0] != length:
+            raise ValueError(
+                f"DrafterSample needs one hidden state and one mask entry per token: {length} tokens, "
+                f"{self.hidden_states.shape[0]} hidden states, {self.response_mask.shape[0]} mask entries"
+            )
+
+    @property
+    def num_tokens(self) -> int:
+        return self.token_ids.shape[0]
+
+    @property
+    def num_loss_pairs(self) -> int:
+        return int(self.response_mask[1:].sum())
+
+
+def sample_from_padded_row(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    hidden_states: torch.Tensor,
+    response_mask: torch.Tensor,
+    step: int = 0,
+) -> DrafterSample:
+    """Cut one verl row (left-padded prompt + right-padded response, [L] / [L, H]) down to its real tokens.
+
+    attention_mask marks real tokens; response_mask marks response tokens (both [L], any int/bool dtype). The
+    hidden states stay paired with the tokens they were computed for, so padding cannot shift them.
+    """
+    keep = attention_mask.bool()
+    if not bool(keep.any()):
+        raise ValueError("sample_from_padded_row got a row with no attended tokens")
+    return DrafterSample(
+        token_ids=input_ids[keep].long(),
+        hidden_states=hidden_states[keep],
+        response_mask=response_mask.bool()[keep],
+        step=step,
+    )
+
+
+@dataclass
+class PackedBatch:
+    """Training pairs of several samples packed in one row (N pairs in total).
+
+    next_token_ids [1, N]: t_{j+1}. input_hidden [1, N, H]: h_j. target_hidden [1, N, H]: h_{j+1}.
+    loss_mask [1, N] bool. positions [1, N]: j, restarting per sample. attn_mask [1, 1, N, N] bool,
+    block-diagonal causal. sample_ids: the buffer ids of the packed samples.
+    """
+
+    next_token_ids: torch.Tensor
+    input_hidden: torch.Tensor
+    target_hidden: torch.Tensor
+    loss_mask: torch.Tensor
+    positions: torch.Tensor
+    attn_mask: torch.Tensor
+    sample_ids: list[int]
+
+    @property
+    def num_pairs(self) -> int:
+        return self.next_token_ids.shape[1]
+
+    def to(self, device: torch.device | str, dtype: torch.dtype) -> PackedBatch:
+        return PackedBatch(
+            self.next_token_ids.to(device),
+            self.input_hidden.to(device=device, dtype=dtype),
+            self.target_hidden.to(device=device, dtype=dtype),
+            self.loss_mask.to(device),
+            self.positions.to(device),
+            self.attn_mask.to(device),
+            self.sample_ids,
+        )
+
+
+def pack(samples: list[DrafterSample], sample_ids: list[int] | None = None) -> PackedBatch:
+    """Pack samples into one row of training pairs with a block-diagonal causal mask."""
+    if not samples:
+        raise ValueError("pack needs at least one sample")
+    pieces = [_pairs(sample) for sample in samples]
+    segments = torch.cat([torch.full((p[0].shape[0],), i) for i, p in enumerate(pieces)])
+    positions = torch.cat([torch.arange(p[0].shape[0]) for p in pieces])
+    same_sample = segments.unsqueeze(0) == segments.unsqueeze(1)
+    causal = positions.unsqueeze(0) <= positions.unsqueeze(1)
+    return PackedBatch(
+        next_token_ids=torch.cat([p[0] for p in pieces]).unsqueeze(0),
+        input_hidden=torch.cat([p[1] for p in pieces]).unsqueeze(0),
+        target_hidden=torch.cat([p[2] for p in pieces]).unsqueeze(0),
+        loss_mask=torch.cat([p[3] for p in pieces]).unsqueeze(0),
+        positions=positions.unsqueeze(0),
+        attn_mask=(same_sample & causal).view(1, 1, len(segments), len(segments)),
+        sample_ids=list(sample_ids) if sample_ids is not None else list(range(len(samples))),
+    )
+
+
+def _pairs(sample: DrafterSample):
+    """(t_{j+1}, h_j, h_{j+1}, loss mask) for j = 0..T-2."""
+    return (
+        sample.token_ids[1:],
+        sample.hidden_states[:-1],
+        sample.hidden_states[1:],
+        sample.response_mask[1:],
+    )
+
+
+class DrafterDataBuffer:
+    """Bounded store of drafter samples: a token budget, the oldest samples evicted first.
+
+    Batches favour what the drafter has trained on least, newest first, so fresh policy data is used as soon as
+    it arrives while older samples fill the remaining budget. Samples longer than the batch budget are cut into
+    windows of that size (positions restart, so a window is trained as if it were a short sequence).
+    """
+
+    def __init__(self, max_tokens: int):
+        if max_tokens < 2:
+            raise ValueError(f"DrafterDataBuffer.max_tokens must be >= 2, got {max_tokens}")
+        self.max_tokens = max_tokens
+        self.samples: OrderedDict[int, DrafterSample] = OrderedDict()  # insertion order = age
+        self.times_used: dict[int, int] = {}
+        self.next_id = 0
+        self.num_tokens = 0
+        self.num_evicted = 0
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def add(self, samples: Iterable[DrafterSample]) -> int:
+        """Add samples (skipping ones without any loss pair); evict the oldest to stay in budget. Returns added."""
+        added = 0
+        for sample in samples:
+            if sample.num_tokens < 2 or sample.num_loss_pairs == 0:
+                continue
+            self.samples[self.next_id] = sample
+            self.times_used[self.next_id] = 0
+            self.num_tokens += sample.num_tokens
+            self.next_id += 1
+            added += 1
+        while self.num_tokens > self.max_tokens and len(self.samples) > 1:
+            old_id, old = self.samples.popitem(last=False)
+            del self.times_used[old_id]
+            self.num_tokens -= old.num_tokens
+            self.num_evicted += 1
+        return added
+
+    def next_batch(self, max_tokens_per_batch: int) -> PackedBatch | None:
+        """Pack the least-used (then newest) samples into at most max_tokens_per_batch tokens; None if empty."""
+        if not self.samples:
+            return None
+        order = sorted(self.samples, key=lambda i: (self.times_used[i], -i))
+        chosen, pieces, total = [], [], 0
+        for sample_id in order:
+            sample = _window(self.samples[sample_id], max_tokens_per_batch, self.times_used[sample_id])
+            if total + sample.num_tokens > max_tokens_per_batch and chosen:
+                break
+            chosen.append(sample_id)
+            pieces.append(sample)
+            total += sample.num_tokens
+        for sample_id in chosen:
+            self.times_used[sample_id] += 1
+        return pack(pieces, chosen)
+
+    def state_dict(self, include_samples: bool = True) -> dict:
+        """Cursor (usage counts, ids) and, optionally, the samples themselves."""
+        state = {"next_id": self.next_id, "times_used": dict(self.times_used), "num_evicted": self.num_evicted}
+        if include_samples:
+            state["samples"] = {
+                i: (s.token_ids, s.hidden_states, s.response_mask, s.step) for i, s in self.samples.items()
+            }
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        if "samples" in state:
+            self.samples = OrderedDict(
+                (int(i), DrafterSample(*fields)) for i, fields in sorted(state["samples"].items())
+            )
+            self.num_tokens = sum(s.num_tokens for s in self.samples.values())
+        self.times_used = {int(i): n for i, n in state["times_used"].items() if int(i) in self.samples}
+        for sample_id in self.samples:
+            self.times_used.setdefault(sample_id, 0)
+        self.next_id, self.num_evicted = state["next_id"], state["num_evicted"]
+
+
+def _window(sample: DrafterSample, max_tokens: int, times_used: int) -> DrafterSample:
+    """A sample that fits the batch: itself, or one window of it (successive uses walk through the windows)."""
+    if sample.num_tokens <= max_tokens:
+        return sample
+    starts = list(range(0, sample.num_tokens - 1, max_tokens - 1))  # windows overlap by one token: no pair lost
+    start = starts[times_used % len(starts)]
+    end = min(start + max_tokens, sample.num_tokens)
+    return DrafterSample(
+        sample.token_ids[start:end], sample.hidden_states[start:end], sample.response_mask[start:end], sample.step
+    )

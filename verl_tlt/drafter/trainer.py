@@ -1,0 +1,261 @@
+"""Preemptible training of the EAGLE drafter: short bursts that stop within one optimizer step when told to.
+
+Loss (EAGLE-1/2): hidden_loss_weight * SmoothL1(predicted feature, target feature) + logit_loss_weight *
+soft cross-entropy between the target's next-token distribution (its LM head on the target feature) and the
+drafter's (the LM head on the predicted feature); paper/reference defaults 1.0 and 0.1. Both are averaged over
+the pairs whose predicted position is a response token. Only fc and the decoder layer train; the shared
+embedding and LM head are the target's and stay frozen.
+
+Checkpoints hold model, optimizer, step count, RNG and the data buffer's cursor (optionally its samples); they are
+written atomically by a background thread after a synchronous copy to CPU, so a save costs the trainer only
+that copy and a crash never leaves a half-written checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from verl_tlt.drafter.data import DrafterDataBuffer, PackedBatch
+from verl_tlt.drafter.model import EagleDrafterModel
+from verl_tlt.engine.model import AttentionBatch
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_FILE = "drafter_trainer.pt"
+
+
+@dataclass(frozen=True)
+class DrafterTrainConfig:
+    lr: float = 3e-4
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.0
+    grad_clip: float = 0.5
+    hidden_loss_weight: float = 1.0
+    logit_loss_weight: float = 0.1
+    max_tokens_per_batch: int = 4096
+    # Uniform noise added to the input hidden states (EAGLE's augmentation against feature drift); 0 = off.
+    input_noise: float = 0.0
+    # Chain depth used to turn top-1 accuracy into an estimated acceptance length.
+    estimate_depth: int = 4
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("lr", "max_tokens_per_batch", "estimate_depth"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"DrafterTrainConfig.{name} must be > 0, got {getattr(self, name)}")
+        if (
+            self.hidden_loss_weight < 0
+            or self.logit_loss_weight < 0
+            or not (self.hidden_loss_weight or self.logit_loss_weight)
+        ):
+            raise ValueError(
+                "DrafterTrainConfig loss weights must be >= 0 and not both 0, got "
+                f"hidden_loss_weight={self.hidden_loss_weight}, logit_loss_weight={self.logit_loss_weight}"
+            )
+
+
+@dataclass
+class TrainReport:
+    """What one `train` call did and why it returned."""
+
+    steps: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    stopped_by: str = "max_steps"  # max_steps | stop | deadline | no_data
+    last_metrics: dict[str, float] = field(default_factory=dict)
+
+
+class DrafterTrainer:
+    def __init__(self, model: EagleDrafterModel, buffer: DrafterDataBuffer, config: DrafterTrainConfig | None = None):
+        self.model, self.buffer = model, buffer
+        self.config = config or DrafterTrainConfig()
+        self.device, self.dtype = model.fc.weight.device, model.fc.weight.dtype
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            params, lr=self.config.lr, betas=self.config.betas, weight_decay=self.config.weight_decay
+        )
+        self.generator = torch.Generator(device="cpu").manual_seed(self.config.seed)
+        self.global_step = 0
+        self._save_thread: threading.Thread | None = None
+
+    # ----- training ------------------------------------------------------------------------------------------
+
+    def train(
+        self,
+        stop: threading.Event | None = None,
+        max_steps: int | None = None,
+        deadline: float | None = None,
+    ) -> TrainReport:
+        """Run optimizer steps until max_steps, `stop` is set, time.monotonic() passes deadline, or no data.
+
+        The checks happen before every step, so once told to stop this returns within one step's time.
+        """
+        report, start = TrainReport(), time.monotonic()
+        while True:
+            if stop is not None and stop.is_set():
+                report.stopped_by = "stop"
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                report.stopped_by = "deadline"
+                break
+            if max_steps is not None and report.steps >= max_steps:
+                report.stopped_by = "max_steps"
+                break
+            batch = self.buffer.next_batch(self.config.max_tokens_per_batch)
+            if batch is None:
+                report.stopped_by = "no_data"
+                break
+            report.last_metrics = self.train_step(batch)
+            report.steps += 1
+            report.tokens += batch.num_pairs
+        report.seconds = time.monotonic() - start
+        return report
+
+    def train_step(self, batch: PackedBatch) -> dict[str, float]:
+        """One optimizer step on a packed batch; returns its metrics."""
+        self.model.train()
+        batch = batch.to(self.device, self.dtype)
+        input_hidden = batch.input_hidden
+        if self.config.input_noise > 0:
+            noise = torch.rand(input_hidden.shape, generator=self.generator) * 2 - 1
+            input_hidden = input_hidden + self.config.input_noise * noise.to(self.device, self.dtype)
+        features = self.forward(batch, input_hidden)
+        losses = drafter_losses(self.model, features, batch.target_hidden, batch.loss_mask)
+        loss = (
+            self.config.hidden_loss_weight * losses["hidden_loss"]
+            + self.config.logit_loss_weight * losses["logit_loss"]
+        )
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        self.optimizer.step()
+        self.global_step += 1
+        self.model.eval()
+        accuracy = float(losses["top1_accuracy"])
+        return {
+            "loss": float(loss.detach()),
+            "hidden_loss": float(losses["hidden_loss"].detach()),
+            "logit_loss": float(losses["logit_loss"].detach()),
+            "top1_accuracy": accuracy,
+            "est_acceptance_length": estimated_acceptance_length(accuracy, self.config.estimate_depth),
+            "grad_norm": float(grad_norm),
+            "num_pairs": float(batch.loss_mask.sum()),
+        }
+
+    def forward(self, batch: PackedBatch, input_hidden: torch.Tensor | None = None) -> torch.Tensor:
+        """Drafter features [1, N, H] for a packed batch (a scratch KV cache stands in for the inference cache)."""
+        return drafter_forward(self.model, batch, batch.input_hidden if input_hidden is None else input_hidden)
+
+    # ----- checkpoints ---------------------------------------------------------------------------------------
+
+    def save_checkpoint(self, directory: str | os.PathLike, *, include_samples: bool = True, wait: bool = False):
+        """Copy the state to CPU now, write it in the background (atomically). Returns the thread."""
+        self.wait_for_save()
+        state = {
+            "model": {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()},
+            "optimizer": _to_cpu(self.optimizer.state_dict()),
+            "global_step": self.global_step,
+            "generator": self.generator.get_state(),
+            "config": asdict(self.config),
+            "buffer": _to_cpu(self.buffer.state_dict(include_samples=include_samples)),
+        }
+        self._save_thread = threading.Thread(target=_write_atomically, args=(state, Path(directory)), daemon=True)
+        self._save_thread.start()
+        if wait:
+            self.wait_for_save()
+        return self._save_thread
+
+    def wait_for_save(self) -> None:
+        if self._save_thread is not None:
+            self._save_thread.join()
+            self._save_thread = None
+
+    def load_checkpoint(self, directory: str | os.PathLike) -> None:
+        path = Path(directory) / CHECKPOINT_FILE
+        if not path.exists():
+            raise FileNotFoundError(f"No drafter trainer checkpoint at {path}")
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=False)
+            self.model.load_state_dict(state["model"])
+        except Exception as error:  # corrupt file or a drafter of another shape
+            raise ValueError(f"Cannot load drafter trainer checkpoint {path}: {error}") from error
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.global_step = state["global_step"]
+        self.generator.set_state(state["generator"])
+        self.buffer.load_state_dict(state["buffer"])
+
+
+def drafter_forward(model: EagleDrafterModel, batch: PackedBatch, input_hidden: torch.Tensor) -> torch.Tensor:
+    spec = model.spec
+    num_pairs = batch.num_pairs
+    k_cache = torch.zeros(
+        1, spec.num_kv_heads, num_pairs, spec.head_dim, device=input_hidden.device, dtype=input_hidden.dtype
+    )
+    v_cache = torch.zeros_like(k_cache)
+    cos, sin = model.target.rotary_tables(batch.positions, input_hidden.dtype)
+    write_pos = torch.arange(num_pairs, device=input_hidden.device).unsqueeze(0)
+    attention = AttentionBatch(row_start=0, write_pos=write_pos, attn_mask=batch.attn_mask, cos=cos, sin=sin)
+    return model(batch.next_token_ids, input_hidden, attention, k_cache, v_cache)
+
+
+def drafter_losses(
+    model: EagleDrafterModel, features: torch.Tensor, target_hidden: torch.Tensor, loss_mask: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Masked means over pairs: SmoothL1 on features, soft CE on LM-head distributions, top-1 agreement."""
+    mask = loss_mask.to(features.dtype)
+    count = mask.sum().clamp(min=1.0)
+    hidden_loss = (F.smooth_l1_loss(features, target_hidden, reduction="none").mean(-1) * mask).sum() / count
+    draft_log_probs = model.logits(features).float().log_softmax(-1)
+    with torch.no_grad():
+        target_logits = model.logits(target_hidden).float()
+        target_probs = target_logits.softmax(-1)
+    logit_loss = (-(target_probs * draft_log_probs).sum(-1) * mask).sum() / count
+    agree = (draft_log_probs.argmax(-1) == target_logits.argmax(-1)).to(features.dtype)
+    return {"hidden_loss": hidden_loss, "logit_loss": logit_loss, "top1_accuracy": (agree * mask).sum() / count}
+
+
+def estimated_acceptance_length(accuracy: float, depth: int) -> float:
+    """Tokens per verify step (incl. bonus) of a depth-`depth` chain if each draft is right with p = accuracy.
+
+    (1 - p^(k+1)) / (1 - p) (Leviathan et al.); optimistic for EAGLE, whose later drafts read its own features.
+    """
+    if accuracy >= 1.0:
+        return float(depth + 1)
+    return (1.0 - accuracy ** (depth + 1)) / (1.0 - accuracy)
+
+
+def _to_cpu(value):
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
+
+
+def _write_atomically(state: dict, directory: Path) -> None:
+    """Write into a sibling temp dir, then swap it in, so readers see the old or the new checkpoint, never half."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = directory.with_name(directory.name + f".tmp-{os.getpid()}-{threading.get_ident()}")
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+        torch.save(state, tmp / CHECKPOINT_FILE)
+        old = directory.with_name(directory.name + ".old")
+        if directory.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            directory.rename(old)
+        tmp.rename(directory)
+        shutil.rmtree(old, ignore_errors=True)
+    except Exception:
+        logger.exception("Saving the drafter checkpoint to %s failed; the previous checkpoint is kept", directory)
+        shutil.rmtree(tmp, ignore_errors=True)
