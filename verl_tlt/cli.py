@@ -1,4 +1,4 @@
-"""`verl-tlt` command line: quickstart, toy world, benchmarks."""
+"""`verl-tlt` command line: quickstart, toy world, drafter warm-up, benchmarks."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="verl-tlt", description="verl-tlt: TLT for verl")
-    parser.add_argument("command", choices=["quickstart", "toy", "bench"], help="what to run")
+    parser.add_argument("command", choices=["quickstart", "toy", "bench", "drafter"], help="what to run")
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0
@@ -22,6 +22,10 @@ def main(argv: list[str] | None = None) -> int:
         from verl_tlt.toy.cli import main as toy_main
 
         return toy_main(rest)
+    if command == "drafter":
+        from verl_tlt.drafter.cli import main as drafter_main
+
+        return drafter_main(rest)
     if command == "bench":
         from verl_tlt.bench.cli import main as bench_main
 

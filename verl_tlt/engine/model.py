@@ -271,3 +271,23 @@ class CausalLM(nn.Module):
 
     def rotary_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rotary(positions, dtype)
+
+
+@torch.no_grad()
+def sequence_hidden_states(model: CausalLM, token_ids: list[int]) -> torch.Tensor:
+    """Final (normed) hidden states [T, H] of one whole sequence, computed without the engine's KV cache.
+
+    This is what an EAGLE drafter trains on: the same tensor the engine hands its drafter during decoding.
+    """
+    spec = model.spec
+    param = model.lm_head.weight
+    length = len(token_ids)
+    ids = torch.tensor([token_ids], device=param.device)
+    positions = torch.arange(length, device=param.device).unsqueeze(0)
+    caches = [torch.zeros(1, spec.num_kv_heads, length, spec.head_dim, device=param.device, dtype=param.dtype)]
+    k_caches = caches * spec.num_layers  # one scratch buffer is enough: each layer writes before it reads
+    v_caches = [torch.zeros_like(caches[0])] * spec.num_layers
+    cos, sin = model.rotary_tables(positions, param.dtype)
+    mask = torch.ones(length, length, dtype=torch.bool, device=param.device).tril().view(1, 1, length, length)
+    batch = AttentionBatch(row_start=0, write_pos=positions, attn_mask=mask, cos=cos, sin=sin)
+    return model(ids, positions, batch, k_caches, v_caches)[0]

@@ -1,0 +1,37 @@
+"""Offline warm-up: generate with the target, train on its hidden states, export a loadable drafter."""
+
+from __future__ import annotations
+
+import torch
+
+from verl_tlt.drafter.export import load_eagle
+from verl_tlt.drafter.trainer import DrafterTrainConfig
+from verl_tlt.drafter.warmup import collect_samples, warmup_drafter
+from verl_tlt.engine import RolloutEngine, SamplingParams
+from verl_tlt.engine.eagle_drafter import EagleDrafter
+
+PROMPTS = [[5, 6, 7], [10, 11], [12, 13, 14, 15], [21], [30, 31, 32], [40, 41]]
+
+
+def test_collected_samples_pair_tokens_with_the_targets_hidden_states(varied_qwen2):
+    path, hf_model = varied_qwen2
+    engine = RolloutEngine.from_pretrained(str(path))
+    (sample,) = collect_samples(engine, PROMPTS[:1], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    with torch.no_grad():
+        reference = hf_model(sample.token_ids.unsqueeze(0), output_hidden_states=True).hidden_states[-1][0]
+    assert torch.allclose(sample.hidden_states, reference, atol=1e-5)
+    assert sample.response_mask.tolist() == [False] * 3 + [True] * 6
+
+
+def test_warmup_exports_a_drafter_that_beats_the_untrained_one(varied_qwen2, tmp_path):
+    path, _ = varied_qwen2
+    config = DrafterTrainConfig(lr=3e-3, max_tokens_per_batch=128)
+    report = warmup_drafter(
+        str(path), PROMPTS, tmp_path / "drafter", num_steps=300, temperature=0.0, max_tokens=30, config=config
+    )
+    assert report.train_steps == 300 and report.num_samples == len(PROMPTS)
+    engine = RolloutEngine.from_pretrained(str(path))
+    engine.set_drafter(EagleDrafter(load_eagle(report.output_dir, engine.model)))
+    outputs = engine.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True), "4_1_4")
+    steps = sum(o.stats["num_verify_steps"] for o in outputs)
+    assert (sum(o.stats["num_accepted_tokens"] for o in outputs) + steps) / steps > 2.0

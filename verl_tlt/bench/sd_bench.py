@@ -1,0 +1,108 @@
+"""`verl-tlt bench sd`: speculative vs plain decoding with the torch engine on the trained toy target.
+
+The drafter is the cached warm-up drafter (`verl_tlt.toy.drafter.ensure_toy_drafter`). For each batch size B,
+B fresh toy prompts are decoded to completion (natural EOS, max_tokens cap) once plainly and once with the SD
+strategy, on the same engine object, one after the other; tokens/s of each and their ratio are printed. The
+acceptance length (tokens per verify step including the bonus token) is read from the engine's per-request SD
+stats. Greedy outputs of both runs are compared token for token as a losslessness check. Ratios from one run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from verl_tlt.engine import CompletionOutput, RolloutEngine, SamplingParams
+
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
+PROBLEM_SEED = 777  # different from the drafter's warm-up problems
+
+
+def acceptance_length(outputs: list[CompletionOutput]) -> float:
+    steps = sum(o.stats["num_verify_steps"] for o in outputs)
+    accepted = sum(o.stats["num_accepted_tokens"] for o in outputs)
+    return (accepted + steps) / steps if steps else float("nan")
+
+
+def timed_generate(engine: RolloutEngine, prompts, params, strategy) -> tuple[list[CompletionOutput], float]:
+    start = time.perf_counter()
+    outputs = engine.generate(prompts, params, strategy=strategy)
+    return outputs, time.perf_counter() - start
+
+
+def bench_batch(engine, prompts, params, strategy) -> dict:
+    engine.max_num_seqs = len(prompts)
+    plain, plain_s = timed_generate(engine, prompts, params, None)
+    spec, spec_s = timed_generate(engine, prompts, params, strategy)
+    plain_tokens = sum(len(o.token_ids) for o in plain)
+    spec_tokens = sum(len(o.token_ids) for o in spec)
+    row = {
+        "batch_size": len(prompts),
+        "plain_tokens_per_s": round(plain_tokens / plain_s, 1),
+        "sd_tokens_per_s": round(spec_tokens / spec_s, 1),
+        "speedup": round((spec_tokens / spec_s) / (plain_tokens / plain_s), 3),
+        "acceptance_length": round(acceptance_length(spec), 3),
+    }
+    if params.temperature == 0:
+        row["greedy_identical"] = [o.token_ids for o in plain] == [o.token_ids for o in spec]
+    return row
+
+
+def run(
+    json_path: str | None,
+    strategy: str,
+    batch_sizes: list[int],
+    temperature: float,
+    max_tokens: int,
+    acceptance_prompts: int,
+) -> dict:
+    from verl_tlt.drafter.export import load_eagle
+    from verl_tlt.engine.eagle_drafter import EagleDrafter
+    from verl_tlt.toy.drafter import ensure_toy_drafter, toy_prompts
+    from verl_tlt.toy.sft import ensure_toy_target
+
+    target, drafter_dir = ensure_toy_target(), ensure_toy_drafter()
+    engine = RolloutEngine.from_pretrained(str(target), max_num_seqs=max(batch_sizes))
+    engine.set_drafter(EagleDrafter(load_eagle(str(drafter_dir), engine.model)))
+    prompts = toy_prompts(target, max(max(batch_sizes), acceptance_prompts), PROBLEM_SEED)
+    engine.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=8), strategy=strategy)  # warm-up
+
+    accept = {}
+    for name, temp in (("greedy", 0.0), ("t1", 1.0)):
+        params = SamplingParams(temperature=temp, max_tokens=max_tokens, seed=0)
+        engine.max_num_seqs = 1
+        outputs = engine.generate(prompts[:acceptance_prompts], params, strategy=strategy)
+        accept[name] = round(acceptance_length(outputs), 3)
+        print(f"acceptance length ({name}, batch 1, {strategy}): {accept[name]:.2f}", flush=True)
+
+    rows = []
+    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0)
+    for batch_size in batch_sizes:
+        row = bench_batch(engine, prompts[:batch_size], params, strategy)
+        rows.append(row)
+        print(
+            f"bs={batch_size:>3}: plain {row['plain_tokens_per_s']:>8.1f} tok/s, SD {row['sd_tokens_per_s']:>8.1f} "
+            f"tok/s, speedup {row['speedup']:.2f}x, acceptance {row['acceptance_length']:.2f}",
+            flush=True,
+        )
+    result = {
+        "benchmark": "sd",
+        "target": str(target),
+        "drafter": str(drafter_dir),
+        "strategy": strategy,
+        "temperature": temperature,
+        "max_tokens": max_tokens,
+        "torch_threads": torch.get_num_threads(),
+        "dtype": "float32",
+        "acceptance_length_greedy": accept["greedy"],
+        "acceptance_length_t1": accept["t1"],
+        "acceptance_prompts": acceptance_prompts,
+        "rows": rows,
+    }
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(result, indent=2))
+    return result

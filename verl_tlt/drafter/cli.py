@@ -1,0 +1,48 @@
+"""`verl-tlt drafter warmup`: train an EAGLE drafter offline on a target's own answers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="verl-tlt drafter")
+    sub = parser.add_subparsers(dest="name", required=True)
+    warmup = sub.add_parser("warmup", help="generate with the target, record hidden states, train a drafter")
+    warmup.add_argument("--target", required=True, help="target model directory (transformers checkpoint)")
+    warmup.add_argument("--prompts", required=True, help="verl RL parquet with a chat-message prompt column")
+    warmup.add_argument("--out", required=True, help="where to write the drafter (EAGLE layout)")
+    warmup.add_argument("--prompt-key", default="prompt")
+    warmup.add_argument("--num-prompts", type=int, default=256)
+    warmup.add_argument("--steps", type=int, default=1000, help="optimizer steps (upper bound)")
+    warmup.add_argument("--seconds", type=float, default=None, help="stop training after this many seconds")
+    warmup.add_argument("--temperature", type=float, default=1.0)
+    warmup.add_argument("--max-tokens", type=int, default=512)
+    warmup.add_argument("--init-from", default=None, help="start from an exported drafter instead of the target")
+    warmup.add_argument("--seed", type=int, default=0)
+    warmup.add_argument("--json", default=None, help="write the report here")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    from dataclasses import asdict
+
+    from verl_tlt.drafter.warmup import prompts_from_parquet, warmup_drafter
+
+    prompts = prompts_from_parquet(args.prompts, args.target, args.prompt_key, args.num_prompts)
+    report = warmup_drafter(
+        args.target,
+        prompts,
+        args.out,
+        num_steps=args.steps,
+        max_seconds=args.seconds,
+        temperature=args.temperature,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+        init_from=args.init_from,
+    )
+    print(json.dumps(asdict(report), indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(asdict(report), f, indent=2)
+    return 0
