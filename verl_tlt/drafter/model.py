@@ -4,7 +4,9 @@ At position j the drafter reads the target's last-layer hidden state h_j (after 
 feeds the LM head) and the embedding of the next token t_{j+1}; `fc` fuses the two (2H -> H, embedding first),
 one decoder layer (the target's architecture, without its input RMSNorm, as in EAGLE and vLLM's
 `EagleLlamaForCausalLM`) predicts h_{j+1}, and the target's own LM head turns that into logits for t_{j+2}.
-There is no final norm, matching vLLM's EAGLE-1 drafter, so exported weights load there unchanged.
+There is no final norm, matching vLLM's EAGLE-1 drafter, so exported weights of drafters for Qwen2 and Llama
+targets load there unchanged. A Qwen3 target's layer has q/k norms, which no vLLM EAGLE-1 layer has: such
+drafters work in the torch engine, and vLLM refuses them (see `verl_tlt.drafter.export`).
 
 The target's embedding and LM head are shared by reference and never trained or saved with the drafter.
 Decoder modules come from the engine's model file so the drafter's layer is numerically the target's.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from verl_tlt.engine.request import Request
-from verl_tlt.spec.logits import is_greedy, process_logits
+from verl_tlt.spec.logits import is_greedy, process_logits, token_log_probs
 
 
 def params_tensors(requests: list[Request], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -35,6 +35,5 @@ def sample_tokens(
                 continue
             generator = request.generator or default_generator
             tokens[row] = torch.multinomial(probs[row], 1, generator=generator)[0]
-    source = logits.float() if raw_logprobs else processed
-    log_probs = source.log_softmax(dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    log_probs = token_log_probs(logits if raw_logprobs else processed, tokens)
     return tokens.tolist(), log_probs.tolist()
