@@ -10,11 +10,14 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 
 import torch
 
+from verl_tlt.engine.adaptive import AdaptivePolicy
+from verl_tlt.engine.decode_stats import DecodeStats
 from verl_tlt.engine.drafter import Drafter
 from verl_tlt.engine.kv_cache import SlotKVCache
 from verl_tlt.engine.model import AttentionBatch, CausalLM, ModelSpec
@@ -42,6 +45,7 @@ class RolloutEngine:
         logprobs_mode: str = "processed_logprobs",
         drafter: Drafter | None = None,
         max_draft_tokens: int = 64,
+        policy: AdaptivePolicy | None = None,
     ):
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
@@ -60,6 +64,9 @@ class RolloutEngine:
         self.max_draft_tokens = max_draft_tokens
         self.drafter: Drafter | None = None
         self.set_drafter(drafter)
+        # Chooses plain or SD per decode step when generate/step get no explicit strategy (needs a drafter).
+        self.policy = policy
+        self.stats = DecodeStats()
         # Draft-tree nodes are verified in scratch positions after a row's prefix, hence the extra room.
         cache_len = self.max_model_len + max_draft_tokens + 1
         self.cache = SlotKVCache(model.spec, dtype=self.dtype, device=self.device, max_len=cache_len)
@@ -135,18 +142,17 @@ class RolloutEngine:
     def step(self, strategy: SpecStrategy | str | None = None) -> list[CompletionOutput]:
         """Run one prefill or decode step; return the requests that finished in it.
 
-        strategy: decode this step speculatively with the drafter (a SpecStrategy or 'depth_topk_treetokens');
-        None decodes plainly. Prefill steps ignore it. Any step may switch, for any batch.
+        strategy: decode this step speculatively with the drafter (a SpecStrategy or 'depth_topk_treetokens').
+        None decodes plainly, or, when an adaptive policy is attached, lets the policy choose. Prefill steps
+        ignore it. Any step may switch, for any batch.
         """
         spec = self._check_strategy(strategy)
         finished = self._collect_aborted()
         admitted = self._admit()
         if admitted:
             self._prefill(admitted)
-        elif self.running and spec is not None:
-            self._decode_speculative(spec)
         elif self.running:
-            self._decode()
+            self._decode_step(spec)
         return finished + self._retire_finished()
 
     def generate(
@@ -235,6 +241,23 @@ class RolloutEngine:
             if self._records_hidden:
                 request.pending_hidden.append(hidden[row, -1:].clone())
         self._emit(self.running, logits)
+
+    def _decode_step(self, forced: SpecStrategy | None) -> None:
+        """One decode step, plain or speculative; the adaptive policy (if any) chooses and learns."""
+        batch_size = len(self.running)
+        asks_policy = forced is None and self.policy is not None and self.drafter is not None
+        strategy = self.policy.select(batch_size) if asks_policy else forced
+        before = sum(len(r.output_ids) for r in self.running)
+        start = time.perf_counter()
+        if strategy is None:
+            self._decode()
+        else:
+            self._decode_speculative(strategy)
+        seconds = time.perf_counter() - start
+        committed = sum(len(r.output_ids) for r in self.running) - before
+        if asks_policy:
+            self.policy.observe(strategy, batch_size, committed, seconds)
+        self.stats.record(strategy, batch_size, committed, seconds, self.policy)
 
     def _decode_speculative(self, strategy: SpecStrategy) -> None:
         """Draft a tree per running row, verify all nodes in one target forward, commit what is accepted."""

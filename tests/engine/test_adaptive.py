@@ -1,0 +1,131 @@
+"""The adaptive policy: plain above the threshold, bandits that find the best arm per bucket, bounded flapping."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from verl_tlt.engine.adaptive import PLAIN, AdaptiveConfig, AdaptivePolicy
+
+STRATEGIES = ("8_4_16", "6_4_8", "4_1_4")
+# Synthetic environment: per-request tokens/s of each arm in each bucket (the best arm differs per bucket). Plain
+# has a rate everywhere because the policy decodes plainly until it may switch (min_dwell_steps after start).
+TRUE_RATES = {
+    1: {"8_4_16": 30.0, "6_4_8": 24.0, "4_1_4": 18.0, PLAIN: 10.0},
+    4: {"8_4_16": 16.0, "6_4_8": 20.0, "4_1_4": 15.0, PLAIN: 10.0},
+    16: {"8_4_16": 6.0, "6_4_8": 7.5, "4_1_4": 8.5, PLAIN: 10.0},
+}
+
+
+def play(policy: AdaptivePolicy, batch_size: int, steps: int, rng: random.Random, noise: float = 0.15) -> list[str]:
+    chosen = []
+    bucket = policy.bucket_of(batch_size)
+    for _ in range(steps):
+        strategy = policy.select(batch_size)
+        name = PLAIN if strategy is None else strategy.name
+        rate = TRUE_RATES[bucket][name] * (1 + noise * rng.gauss(0, 1))
+        seconds = 0.01
+        policy.observe(
+            strategy, batch_size, committed_tokens=int(rate * seconds * batch_size * 1000), seconds=seconds * 1000
+        )
+        chosen.append(name)
+    return chosen
+
+
+def config(**overrides) -> AdaptiveConfig:
+    base = {"threshold": 32, "buckets": (1, 4, 16), "strategies": STRATEGIES, "plain_arm_min_batch": 16}
+    return AdaptiveConfig(**{**base, **overrides})
+
+
+def test_plain_above_threshold_always():
+    policy = AdaptivePolicy(config())
+    assert all(policy.select(batch) is None for batch in (33, 64, 256))
+
+
+@pytest.mark.parametrize("batch_size,best", [(1, "8_4_16"), (2, "8_4_16"), (5, "6_4_8"), (20, PLAIN)])
+def test_bandit_converges_to_the_best_arm_of_each_bucket(batch_size, best):
+    # Stated bound: after 60 steps the greedy choice is the true best arm, and over steps 60-260 the best arm is
+    # played at least (1 - epsilon) - 0.05 of the time.
+    policy = AdaptivePolicy(config(epsilon=0.1, min_dwell_steps=0))
+    rng = random.Random(1)
+    play(policy, batch_size, 60, rng)
+    assert policy.best_arm(policy.bucket_of(batch_size)) == best
+    later = play(policy, batch_size, 200, rng)
+    assert later.count(best) / len(later) >= 0.85
+
+
+def test_bandit_keeps_exploring_every_arm():
+    policy = AdaptivePolicy(config(epsilon=0.2, min_dwell_steps=0))
+    play(policy, 5, 300, random.Random(0))
+    plays = {name: arm.plays for name, arm in policy.arms[4].items()}
+    assert all(count >= 10 for count in plays.values()), plays
+
+
+def test_one_arm_per_bucket_still_works():
+    policy = AdaptivePolicy(config(strategies=("4_1_4",), plain_arm_min_batch=64))
+    chosen = play(policy, 3, 50, random.Random(0))
+    dwell = policy.config.min_dwell_steps
+    assert chosen[:dwell] == [PLAIN] * dwell and set(chosen[dwell:]) == {"4_1_4"}  # plain only while dwelling
+
+
+def test_hysteresis_bounds_plain_sd_switching():
+    # At the plain/SD border the two arms are nearly equal, so an unprotected bandit would flap constantly.
+    policy = AdaptivePolicy(config(epsilon=0.5, min_dwell_steps=4))
+    chosen = play(policy, 20, 400, random.Random(0))
+    modes = ["plain" if name == PLAIN else "sd" for name in chosen]
+    switches = sum(a != b for a, b in zip(modes, modes[1:], strict=False))
+    assert switches <= len(modes) / 4 and policy.num_mode_switches == switches
+    runs, current = [], 1
+    for a, b in zip(modes, modes[1:], strict=False):
+        if a == b:
+            current += 1
+        else:
+            runs.append(current)
+            current = 1
+    assert min(runs[1:] or [4]) >= 4  # every mode is held for at least min_dwell_steps steps
+
+
+def test_same_seed_same_decisions_and_state_is_inspectable():
+    first, second = AdaptivePolicy(config(seed=3)), AdaptivePolicy(config(seed=3))
+    assert play(first, 5, 100, random.Random(2)) == play(second, 5, 100, random.Random(2))
+    state = first.state()
+    assert set(state["buckets"]) == {1, 4, 16} and state["best"][4] in STRATEGIES
+    assert state["buckets"][4]["6_4_8"]["plays"] > 0
+
+
+@pytest.mark.parametrize(
+    "overrides,match",
+    [
+        ({"threshold": 0}, "threshold"),
+        ({"buckets": (2, 4)}, "starting at 1"),
+        ({"buckets": (1, 64)}, "above threshold"),
+        ({"strategies": ()}, "at least one"),
+        ({"strategies": ("4-1-4",)}, "depth_topk_treetokens"),
+        ({"epsilon": 1.5}, "epsilon"),
+        ({"window": 0}, "window"),
+    ],
+)
+def test_bad_config_fails_clearly(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        config(**overrides)
+
+
+def test_engine_with_policy_speculates_only_in_the_tail_and_stays_exact(varied_qwen2):
+    from tests.engine.drafters import HFModelDrafter
+    from verl_tlt.engine import RolloutEngine, SamplingParams
+
+    path, hf_model = varied_qwen2
+    prompts = [[5 + i, 6 + i, 7 + i] for i in range(12)]
+    lengths = [4, 4, 4, 4, 4, 4, 4, 4, 30, 30, 40, 40]  # a long tail: 8 short requests, 4 long ones
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
+    plain = RolloutEngine.from_pretrained(str(path), max_num_seqs=16).generate(prompts, params)
+    policy = AdaptivePolicy(config(threshold=4, buckets=(1, 2, 4), plain_arm_min_batch=4, min_dwell_steps=1))
+    engine = RolloutEngine.from_pretrained(str(path), max_num_seqs=16, drafter=HFModelDrafter(hf_model), policy=policy)
+    outputs = engine.generate(prompts, params)
+    assert [o.token_ids for o in outputs] == [o.token_ids for o in plain]
+    stats = engine.stats.as_dict()
+    assert stats["steps_sd"] > 0 and stats["steps_plain"] > 0
+    assert set(stats["strategy_histogram"]["above_threshold"]) == {"plain"}  # 12 running > threshold 4
+    assert 0 < stats["sd_token_share"] < 1
+    assert sum(arm["plays"] for arm in policy.state()["buckets"][4].values()) > 0

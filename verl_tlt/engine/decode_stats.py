@@ -1,0 +1,61 @@
+"""Per-engine counters of plain vs speculative decode steps, for metrics (share of steps/tokens with SD, strategy
+mix per batch-size bucket)."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from verl_tlt.spec.strategy import SpecStrategy
+
+
+@dataclass
+class DecodeStats:
+    steps_plain: int = 0
+    steps_sd: int = 0
+    tokens_plain: int = 0
+    tokens_sd: int = 0
+    seconds_plain: float = 0.0
+    seconds_sd: float = 0.0
+    # bucket label -> strategy name ('plain' included) -> decode steps
+    strategy_histogram: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
+
+    def record(self, strategy: SpecStrategy | None, batch_size: int, tokens: int, seconds: float, policy=None) -> None:
+        if strategy is None:
+            self.steps_plain, self.tokens_plain, self.seconds_plain = (
+                self.steps_plain + 1,
+                self.tokens_plain + tokens,
+                self.seconds_plain + seconds,
+            )
+        else:
+            self.steps_sd, self.tokens_sd, self.seconds_sd = (
+                self.steps_sd + 1,
+                self.tokens_sd + tokens,
+                self.seconds_sd + seconds,
+            )
+        bucket = policy.bucket_of(batch_size) if policy is not None else None
+        label = f"bs>={bucket}" if bucket is not None else ("above_threshold" if policy is not None else "all")
+        self.strategy_histogram[label]["plain" if strategy is None else strategy.name] += 1
+
+    @property
+    def sd_step_share(self) -> float:
+        total = self.steps_plain + self.steps_sd
+        return self.steps_sd / total if total else 0.0
+
+    @property
+    def sd_token_share(self) -> float:
+        total = self.tokens_plain + self.tokens_sd
+        return self.tokens_sd / total if total else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "steps_plain": self.steps_plain,
+            "steps_sd": self.steps_sd,
+            "tokens_plain": self.tokens_plain,
+            "tokens_sd": self.tokens_sd,
+            "seconds_plain": self.seconds_plain,
+            "seconds_sd": self.seconds_sd,
+            "sd_step_share": self.sd_step_share,
+            "sd_token_share": self.sd_token_share,
+            "strategy_histogram": {k: dict(v) for k, v in self.strategy_histogram.items()},
+        }
