@@ -1,6 +1,8 @@
 """The CPU quickstart: build the toy world, run a few verl GRPO steps with the torch rollout, summarise them.
 
 `recipes/quickstart_cpu.sh` runs this (after setting up the virtualenv); `verl-tlt quickstart` is the same.
+The actor starts from the SFT toy target (`verl_tlt.toy.sft`), which writes the response format but solves only
+part of the problems, so the reward has room to rise; it is trained once (a few CPU minutes) and cached.
 Writes `outputs/quickstart/summary.json` with one row per step: wall time, rollout time, response-length
 percentiles (tokens, from verl's rollout dumps) and mean reward.
 """
@@ -30,8 +32,12 @@ def toy_grpo_overrides(
     max_response_length: int,
     lr: float,
     reward_fn: str | None = None,
+    model_dir: str | Path | None = None,
 ) -> list[str]:
-    """verl overrides for GRPO on the toy world on CPU (everything platform-specific comes from +cpu=torch)."""
+    """verl overrides for GRPO on the toy world on CPU (everything platform-specific comes from +cpu=torch).
+
+    model_dir: the actor's initial weights (default: the world's untrained model), e.g. the SFT toy target.
+    """
     mini_batch = batch_size
     micro_batch = batch_size * group_size
     return [
@@ -42,7 +48,7 @@ def toy_grpo_overrides(
         f"data.train_batch_size={batch_size}",
         "data.max_prompt_length=16",
         f"data.max_response_length={max_response_length}",
-        f"actor_rollout_ref.model.path={world.model_dir}",
+        f"actor_rollout_ref.model.path={model_dir or world.model_dir}",
         f"actor_rollout_ref.actor.optim.lr={lr}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={mini_batch}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro_batch}",
@@ -57,6 +63,29 @@ def toy_grpo_overrides(
         "trainer.project_name=verl_tlt_quickstart",
         "trainer.experiment_name=toy_grpo",
     ]
+
+
+def check_same_tokenizer(world_model_dir: Path, actor_dir: Path) -> None:
+    """The parquet prompts and the reward parse text in the world's tokenizer; the actor must use the same one.
+
+    Compared by behaviour (vocabulary, chat template, a round trip), not by file bytes, which may differ
+    harmlessly across transformers versions.
+    """
+    from transformers import AutoTokenizer
+
+    world, actor = (AutoTokenizer.from_pretrained(str(d)) for d in (world_model_dir, actor_dir))
+    sample = "23 - 7 = 16 ; 16 - 7 = 9 ; 9 - 7 = 2 ; 2 - 7 < 0 ; # 2"
+    same = (
+        world.get_vocab() == actor.get_vocab()
+        and world.chat_template == actor.chat_template
+        and world.encode(sample, add_special_tokens=False) == actor.encode(sample, add_special_tokens=False)
+        and actor.decode(actor.encode(sample, add_special_tokens=False)) == sample
+    )
+    if not same:
+        raise RuntimeError(
+            f"The tokenizer in {actor_dir} differs from the toy world's ({world_model_dir}): the actor would read "
+            "the prompts and write responses in another tokenisation. Delete the stale cache entries and rerun."
+        )
 
 
 def percentile(values: list[int], q: float) -> float:
@@ -107,7 +136,9 @@ def format_table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="verl-tlt quickstart", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="outputs/quickstart", help="output directory (summary.json, logs)")
-    parser.add_argument("--cache", default=str(DEFAULT_CACHE), help="where the toy world is built and reused")
+    parser.add_argument(
+        "--cache", default=str(DEFAULT_CACHE), help="where the toy world and the SFT toy target are built and reused"
+    )
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=8, help="prompts per step")
     parser.add_argument("--group-size", type=int, default=4, help="GRPO samples per prompt (rollout.n)")
@@ -118,10 +149,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="[quickstart] %(message)s")
 
     from verl_tlt.toy.build import build_toy_world
+    from verl_tlt.toy.sft import ensure_toy_target
     from verl_tlt.toy.tokenizer import build_tokenizer
 
     world = build_toy_world(Path(args.cache) / "toy-world")
     logger.info("toy world: %s", world.root)
+    target = ensure_toy_target(args.cache)
+    check_same_tokenizer(world.model_dir, target)
+    logger.info("actor: SFT toy target %s", target)
     overrides = toy_grpo_overrides(
         world,
         steps=args.steps,
@@ -129,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         group_size=args.group_size,
         max_response_length=args.max_response_length,
         lr=args.lr,
+        model_dir=target,
     )
     result = run_verl_job(overrides, args.out, timeout_s=args.timeout)
     rows = summarize(result, build_tokenizer())

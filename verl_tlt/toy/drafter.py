@@ -1,0 +1,49 @@
+"""A warmed-up EAGLE drafter for the trained toy target, cached next to it (for benchmarks, tests, quickstart)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from verl_tlt.toy.sft import default_cache_root, ensure_toy_target, prompt_ids
+from verl_tlt.toy.task import make_problems
+
+logger = logging.getLogger(__name__)
+
+# Bump when the warm-up recipe below changes, so stale cached drafters are not reused.
+TOY_DRAFTER_VERSION = 1
+WARMUP_PROMPTS = 256
+WARMUP_STEPS = 600
+# Problems for the warm-up come from this seed, away from the toy world's train/val seeds.
+WARMUP_PROBLEM_SEED = 4242
+
+
+def toy_prompts(tokenizer_path: str | Path, num: int, seed: int) -> list[list[int]]:
+    """Token-id prompts of `num` fresh csub problems, rendered like verl renders the toy parquet."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path))
+    return prompt_ids(tokenizer, make_problems(num, seed))
+
+
+def ensure_toy_drafter(cache_root: str | Path | None = None, *, seed: int = 0, num_steps: int = WARMUP_STEPS) -> Path:
+    """Path of a drafter warmed up on the cached toy target's own T=1 answers (trained once, then reused)."""
+    from verl_tlt.drafter.warmup import warmup_drafter
+
+    root = Path(cache_root) if cache_root is not None else default_cache_root()
+    target = ensure_toy_target(root, seed=seed)
+    out = root / f"toy-drafter-v{TOY_DRAFTER_VERSION}-{target.name}-steps{num_steps}"
+    if (out / "config.json").is_file():
+        return out
+    logger.info("No cached toy drafter at %s; warming one up", out)
+    prompts = toy_prompts(target, WARMUP_PROMPTS, WARMUP_PROBLEM_SEED + seed)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=root))
+    try:
+        warmup_drafter(str(target), prompts, tmp / "drafter", num_steps=num_steps, temperature=1.0, seed=seed)
+        os.rename(tmp / "drafter", out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
