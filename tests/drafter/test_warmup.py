@@ -35,3 +35,18 @@ def test_warmup_exports_a_drafter_that_beats_the_untrained_one(varied_qwen2, tmp
     outputs = engine.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True), "4_1_4")
     steps = sum(o.stats["num_verify_steps"] for o in outputs)
     assert (sum(o.stats["num_accepted_tokens"] for o in outputs) + steps) / steps > 2.0
+
+
+def test_from_pretrained_loads_an_exported_drafter_by_path(varied_qwen2, tmp_path):
+    from verl_tlt.drafter.export import export_eagle
+    from verl_tlt.drafter.model import EagleDrafterModel
+
+    path, _ = varied_qwen2
+    target = RolloutEngine.from_pretrained(str(path))
+    export_eagle(EagleDrafterModel.from_target(target.model), tmp_path / "drafter")
+    engine = RolloutEngine.from_pretrained(str(path), drafter=str(tmp_path / "drafter"))
+    assert isinstance(engine.drafter, EagleDrafter)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    assert [o.token_ids for o in engine.generate(PROMPTS, params, "3_2_5")] == [
+        o.token_ids for o in target.generate(PROMPTS, params)
+    ]

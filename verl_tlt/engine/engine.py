@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -81,14 +82,26 @@ class RolloutEngine:
     def from_pretrained(
         cls, path: str, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, **kwargs
     ) -> RolloutEngine:
-        """Build the engine from a local transformers checkpoint directory (kwargs: see __init__, e.g. drafter)."""
+        """Build the engine from a local transformers checkpoint directory (kwargs: see __init__).
+
+        drafter may be a Drafter or the path of an exported EAGLE drafter (`verl-tlt drafter warmup` output), which
+        is loaded against this target (shared embedding and LM head).
+        """
         from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(path)
         model = CausalLM(ModelSpec.from_hf_config(config)).to(device=device, dtype=dtype)
         load_weights(model, read_checkpoint(path), strict=True)
         kwargs.setdefault("eos_token_ids", read_eos_token_ids(path, config))
-        return cls(model, **kwargs)
+        drafter = kwargs.pop("drafter", None)
+        engine = cls(model, **kwargs)
+        if isinstance(drafter, (str, os.PathLike)):
+            from verl_tlt.drafter.export import load_eagle
+            from verl_tlt.engine.eagle_drafter import EagleDrafter
+
+            drafter = EagleDrafter(load_eagle(str(drafter), model), max_len=engine.cache.max_len)
+        engine.set_drafter(drafter)
+        return engine
 
     def set_drafter(self, drafter: Drafter | None) -> None:
         """Attach (or with None, detach) the draft model used by speculative steps, between generate calls."""
