@@ -43,8 +43,13 @@ class _SpecKnobs:
 
 
 @dataclass(frozen=True)
-class _NestedTLTConfig(TLTConfig):
+class _NestedTLTConfig:
+    """TLT (Taming the Long-Tail): adaptive speculative rollouts and online drafter training."""
+
+    enabled: bool = field(default=False, metadata={"help": "Turn TLT on."})
     spec: _SpecKnobs = field(default_factory=_SpecKnobs, metadata={"help": "Speculative decoding knobs."})
+
+    from_dict = classmethod(TLTConfig.from_dict.__func__)
 
 
 def _message(excinfo: pytest.ExceptionInfo) -> str:
@@ -57,7 +62,24 @@ def _message(excinfo: pytest.ExceptionInfo) -> str:
 def test_defaults_are_off():
     assert TLTConfig().enabled is False
     assert TLTConfig.from_dict(None) == TLTConfig.from_dict({}) == TLTConfig()
-    assert TLTConfig().to_dict() == {"enabled": False}
+    assert TLTConfig().to_dict()["enabled"] is False
+    assert TLTConfig().to_dict()["speculative"]["threshold"] == 32
+
+
+def test_speculative_group_validates_values_with_the_key_and_a_fix():
+    cfg = TLTConfig.from_dict({"speculative": {"threshold": 8, "buckets": [1, 4], "strategies": ["4_1_4"]}})
+    assert cfg.speculative.buckets == (1, 4) and cfg.speculative.strategies == ("4_1_4",)
+    cases = [
+        ({"threshold": 0}, "tlt.speculative.threshold must be >= 1"),
+        ({"buckets": [2, 4]}, "tlt.speculative.buckets must ascend strictly from 1"),
+        ({"threshold": 4, "buckets": [1, 8]}, "stay <= tlt.speculative.threshold=4"),
+        ({"strategies": ["4-1-4"]}, "depth_topk_treetokens"),
+        ({"strategies": []}, "non-empty"),
+        ({"epsilon": 2.0}, "tlt.speculative.epsilon must be in [0, 1]"),
+    ]
+    for values, message in cases:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            TLTConfig.from_dict({"speculative": values})
 
 
 def test_from_dict_reads_plain_dict_and_dictconfig_with_interpolation():
@@ -230,7 +252,7 @@ def test_yaml_tlt_block_matches_dataclass(path, overrides):
     expected = {**TLTConfig().to_dict(), **(overrides or {})}
     loaded = OmegaConf.load(path)
     assert OmegaConf.to_container(loaded.tlt) == expected
-    assert TLTConfig.from_dict(loaded.tlt) == TLTConfig(**expected)
+    assert TLTConfig.from_dict(loaded.tlt) == TLTConfig.from_dict(expected)
     # The rollout side sees the same block, by interpolation.
     assert OmegaConf.to_container(loaded.actor_rollout_ref.rollout.custom) == {"tlt": "${tlt}"}
 

@@ -87,7 +87,9 @@ def test_wrapper_default_is_stock_config_plus_tlt_block():
     wrapper = _compose(WRAPPER_MODULE, WRAPPER_CONFIG)
     stock = _compose(STOCK_MODULE, STOCK_CONFIG)
     assert TLTConfig.from_dict(wrapper.tlt) == TLTConfig()
-    assert OmegaConf.to_container(wrapper.actor_rollout_ref.rollout.custom, resolve=True) == {"tlt": {"enabled": False}}
+    assert OmegaConf.to_container(wrapper.actor_rollout_ref.rollout.custom, resolve=True) == {
+        "tlt": TLTConfig().to_dict()
+    }
     assert _without_tlt(wrapper) == OmegaConf.to_container(stock)
 
 
@@ -104,7 +106,7 @@ def test_wrapper_rollout_config_conversion_keeps_tlt_block():
     cfg = _compose(WRAPPER_MODULE, WRAPPER_CONFIG, ["actor_rollout_ref.rollout.name=vllm"])
     rollout = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
     assert isinstance(rollout, RolloutConfig)
-    assert rollout.custom == {"tlt": {"enabled": False}}
+    assert rollout.custom == {"tlt": TLTConfig().to_dict()}
     assert TLTConfig.from_dict(rollout.custom["tlt"]) == TLTConfig()
 
 
@@ -204,7 +206,7 @@ def test_stock_tlt_on_keys_need_no_plus_and_survive_rollout_conversion():
 
     cfg = _compose(STOCK_MODULE, STOCK_CONFIG, ["+tlt=on", "tlt.enabled=false", "actor_rollout_ref.rollout.name=vllm"])
     assert TLTConfig.from_dict(cfg.tlt) == TLTConfig()
-    assert omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout).custom == {"tlt": {"enabled": False}}
+    assert omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout).custom == {"tlt": TLTConfig().to_dict()}
 
 
 # ---------------------------------------------------------------- tlt_sync trainer mode

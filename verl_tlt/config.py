@@ -23,6 +23,67 @@ from typing import Any, Literal, Union
 ROOT_KEY = "tlt"
 
 
+_STRATEGY_PATTERN = re.compile(r"[1-9]\d*_[1-9]\d*_[1-9]\d*")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """When the rollout speculates and with which strategies (the adaptive policy, BEG-MAB)."""
+
+    threshold: int = field(
+        default=32, metadata={"help": "Speculate only while a rollout engine runs at most this many requests."}
+    )
+    buckets: tuple[int, ...] = field(
+        default=(1, 2, 4, 8, 16),
+        metadata={
+            "help": "Lower bounds of the batch-size buckets, ascending from 1; each bucket learns its own best "
+            "strategy."
+        },
+    )
+    strategies: tuple[str, ...] = field(
+        default=("8_4_16", "6_4_8", "4_1_4", "2_1_2"),
+        metadata={
+            "help": "Candidate SD strategies, depth_topk_treetokens (top-k 1 = a chain); each is an arm in every "
+            "bucket."
+        },
+    )
+    plain_arm_min_batch: int = field(
+        default=8,
+        metadata={"help": "Buckets starting at this batch size or above also have plain decoding as an arm."},
+    )
+    epsilon: float = field(default=0.1, metadata={"help": "Exploration rate of the epsilon-greedy bandits."})
+    window: int = field(
+        default=32, metadata={"help": "Latest observations per arm whose median (tokens/s per request) ranks it."}
+    )
+    min_samples: int = field(default=2, metadata={"help": "Plays of every arm before the bandit exploits."})
+    min_dwell_steps: int = field(
+        default=4, metadata={"help": "Decode steps between switches of plain <-> speculative (hysteresis)."}
+    )
+    seed: int = field(default=0, metadata={"help": "Seed of the bandits' exploration."})
+
+    def __post_init__(self) -> None:
+        path = f"{ROOT_KEY}.speculative"
+        for key in ("threshold", "window", "min_samples"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{path}.{key} must be >= 1, got {getattr(self, key)}; e.g. {path}.{key}=32")
+        if self.min_dwell_steps < 0:
+            raise ValueError(f"{path}.min_dwell_steps must be >= 0, got {self.min_dwell_steps}")
+        if not 0.0 <= self.epsilon <= 1.0:
+            raise ValueError(f"{path}.epsilon must be in [0, 1], got {self.epsilon}; e.g. {path}.epsilon=0.1")
+        buckets = list(self.buckets)
+        if not buckets or buckets[0] != 1 or buckets != sorted(set(buckets)) or buckets[-1] > self.threshold:
+            raise ValueError(
+                f"{path}.buckets must ascend strictly from 1 and stay <= {path}.threshold={self.threshold}, "
+                f"got {buckets}; e.g. {path}.buckets=[1,2,4,8,16]"
+            )
+        bad = [name for name in self.strategies if not _STRATEGY_PATTERN.fullmatch(str(name))]
+        if not self.strategies or bad:
+            raise ValueError(
+                f"{path}.strategies must be a non-empty list of depth_topk_treetokens strings, got "
+                f"{list(self.strategies)} (bad: {bad}); e.g. {path}.strategies=[8_4_16,4_1_4]"
+            )
+
+
 @dataclass(frozen=True)
 class TLTConfig:
     """TLT (Taming the Long-Tail): adaptive speculative rollouts and online drafter training.
@@ -40,6 +101,10 @@ class TLTConfig:
             "false = stock verl behaviour."
         },
     )
+    speculative: SpeculativeConfig = field(
+        default_factory=SpeculativeConfig,
+        metadata={"help": "Adaptive speculative decoding in the rollout: threshold, buckets, strategies, bandit."},
+    )
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None, prefix: str = ROOT_KEY) -> TLTConfig:
@@ -52,8 +117,8 @@ class TLTConfig:
         return _build(cls, _to_plain(d, prefix), prefix)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain nested dict of all fields (what the YAML ``tlt:`` block holds)."""
-        return dataclasses.asdict(self)
+        """Plain nested dict of all fields (what the YAML ``tlt:`` block holds: lists, not tuples)."""
+        return dataclasses.asdict(self, dict_factory=lambda items: {k: _listify(v) for k, v in items})
 
 
 class TLTNotAvailableError(RuntimeError):
@@ -247,6 +312,10 @@ def _fix_hint(tp: Any, path: str, default: Any) -> str:
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _listify(value: Any) -> Any:
+    return [_listify(v) for v in value] if isinstance(value, (list, tuple)) else value
 
 
 def _is_bare_yaml_string(s: str) -> bool:

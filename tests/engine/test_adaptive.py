@@ -98,9 +98,9 @@ def test_same_seed_same_decisions_and_state_is_inspectable():
     "overrides,match",
     [
         ({"threshold": 0}, "threshold"),
-        ({"buckets": (2, 4)}, "starting at 1"),
-        ({"buckets": (1, 64)}, "above threshold"),
-        ({"strategies": ()}, "at least one"),
+        ({"buckets": (2, 4)}, "ascend strictly from 1"),
+        ({"buckets": (1, 64)}, "stay <= tlt.speculative.threshold"),
+        ({"strategies": ()}, "non-empty"),
         ({"strategies": ("4-1-4",)}, "depth_topk_treetokens"),
         ({"epsilon": 1.5}, "epsilon"),
         ({"window": 0}, "window"),
@@ -109,6 +109,11 @@ def test_same_seed_same_decisions_and_state_is_inspectable():
 def test_bad_config_fails_clearly(overrides, match):
     with pytest.raises(ValueError, match=match):
         config(**overrides)
+
+
+def test_strategy_strings_that_parse_but_cannot_exist_fail_when_the_policy_is_built():
+    with pytest.raises(ValueError, match="tree_tokens"):
+        AdaptivePolicy(config(strategies=("2_2_7",)))  # a depth-2, top-2 tree has only 6 nodes
 
 
 def test_engine_with_policy_speculates_only_in_the_tail_and_stays_exact(varied_qwen2):

@@ -24,47 +24,14 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
+from verl_tlt.config import SpeculativeConfig
 from verl_tlt.spec.strategy import SpecStrategy
 
 PLAIN = "plain"
 
 
-@dataclass(frozen=True)
-class AdaptiveConfig:
-    """Knobs of the adaptive policy (mirrored by `tlt.speculative` in the verl config)."""
-
-    # SD is considered only when the running batch has at most this many requests.
-    threshold: int = 32
-    # Lower bounds of the batch-size buckets (ascending, first must be 1); each bucket has its own bandit.
-    buckets: tuple[int, ...] = (1, 2, 4, 8, 16)
-    # Candidate SD strategies ('depth_topk_treetokens'), every one an arm in every bucket.
-    strategies: tuple[str, ...] = ("8_4_16", "6_4_8", "4_1_4", "2_1_2")
-    # Buckets whose lower bound is at least this also have plain decoding as an arm.
-    plain_arm_min_batch: int = 8
-    epsilon: float = 0.1
-    window: int = 32
-    min_samples: int = 2
-    min_dwell_steps: int = 4
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.threshold < 1:
-            raise ValueError(f"threshold must be >= 1, got {self.threshold}")
-        if not self.buckets or self.buckets[0] != 1 or list(self.buckets) != sorted(set(self.buckets)):
-            raise ValueError(f"buckets must be strictly ascending lower bounds starting at 1, got {list(self.buckets)}")
-        if self.buckets[-1] > self.threshold:
-            raise ValueError(f"bucket lower bound {self.buckets[-1]} lies above threshold={self.threshold}")
-        if not self.strategies:
-            raise ValueError("strategies must name at least one SD strategy, e.g. ['4_1_4']")
-        for name in self.strategies:
-            SpecStrategy.parse(name)
-        if not 0.0 <= self.epsilon <= 1.0:
-            raise ValueError(f"epsilon must be in [0, 1], got {self.epsilon}")
-        for key in ("window", "min_samples"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
-        if self.min_dwell_steps < 0:
-            raise ValueError(f"min_dwell_steps must be >= 0, got {self.min_dwell_steps}")
+# The knobs are the `tlt.speculative` block itself: one dataclass, one set of defaults, validated at construction.
+AdaptiveConfig = SpeculativeConfig
 
 
 @dataclass
