@@ -28,9 +28,14 @@ def main(argv: list[str] | None = None) -> int:
     verify.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     sd = sub.add_parser("sd", help="speculative vs plain decoding on the trained toy target (acceptance, speedup)")
     sd.add_argument("--json", help="write results to this path")
-    sd.add_argument("--strategy", default="8_4_16", help="depth_topk_treetokens, e.g. 8_4_16 or 6_1_6 (chain)")
+    sd.add_argument(
+        "--strategies",
+        nargs="+",
+        default=["8_4_16", "4_1_4"],
+        help="depth_topk_treetokens (top-k 1 = chain); the first one gives the headline acceptance lengths",
+    )
     sd.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32, 64])
-    sd.add_argument("--temperature", type=float, default=1.0, help="for the speedup curve")
+    sd.add_argument("--temperature", type=float, default=0.0, help="for the speedup curve (0 = greedy)")
     sd.add_argument("--max-tokens", type=int, default=512)
     sd.add_argument("--acceptance-prompts", type=int, default=32, help="prompts for the acceptance lengths")
     args = parser.parse_args(argv)
@@ -38,10 +43,11 @@ def main(argv: list[str] | None = None) -> int:
         from verl_tlt.bench.sd_bench import run as run_sd
         from verl_tlt.spec.strategy import SpecStrategy
 
-        SpecStrategy.parse(args.strategy)
+        for strategy in args.strategies:
+            SpecStrategy.parse(strategy)
         if min(args.batch_sizes + [args.max_tokens, args.acceptance_prompts]) < 1:
             parser.error("--batch-sizes, --max-tokens and --acceptance-prompts must be >= 1")
-        run_sd(args.json, args.strategy, args.batch_sizes, args.temperature, args.max_tokens, args.acceptance_prompts)
+        run_sd(args.json, args.strategies, args.batch_sizes, args.temperature, args.max_tokens, args.acceptance_prompts)
     elif args.name == "engine":
         from verl_tlt.bench.engine_bench import MODELS, run
 

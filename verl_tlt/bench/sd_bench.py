@@ -1,10 +1,12 @@
 """`verl-tlt bench sd`: speculative vs plain decoding with the torch engine on the trained toy target.
 
-The drafter is the cached warm-up drafter (`verl_tlt.toy.drafter.ensure_toy_drafter`). For each batch size B,
-B fresh toy prompts are decoded to completion (natural EOS, max_tokens cap) once plainly and once with the SD
-strategy, on the same engine object, one after the other; tokens/s of each and their ratio are printed. The
-acceptance length (tokens per verify step including the bonus token) is read from the engine's per-request SD
-stats. Greedy outputs of both runs are compared token for token as a losslessness check. Ratios from one run.
+The drafter is the cached warm-up drafter (`verl_tlt.toy.drafter.ensure_toy_drafter`). For each strategy and
+batch size B, B fresh toy prompts are decoded to completion (natural EOS, max_tokens cap) once plainly and once
+speculatively, on the same engine object, one after the other; tokens/s of each and their ratio are printed. The
+curve is greedy by default: both runs then produce the same tokens (checked, `greedy_identical`), so the ratio
+compares equal work; at T=1 the two runs draw different samples whose lengths differ, and with few requests the
+longest one dominates. Acceptance length (tokens per verify step including the bonus token) comes from the
+engine's per-request SD stats, at batch 1, greedy and T=1. Ratios from one run.
 """
 
 from __future__ import annotations
@@ -53,56 +55,64 @@ def bench_batch(engine, prompts, params, strategy) -> dict:
 
 def run(
     json_path: str | None,
-    strategy: str,
+    strategies: list[str],
     batch_sizes: list[int],
     temperature: float,
     max_tokens: int,
     acceptance_prompts: int,
 ) -> dict:
-    from verl_tlt.drafter.export import load_eagle
-    from verl_tlt.engine.eagle_drafter import EagleDrafter
     from verl_tlt.toy.drafter import ensure_toy_drafter, toy_prompts
     from verl_tlt.toy.sft import ensure_toy_target
 
     target, drafter_dir = ensure_toy_target(), ensure_toy_drafter()
-    engine = RolloutEngine.from_pretrained(str(target), max_num_seqs=max(batch_sizes))
-    engine.set_drafter(EagleDrafter(load_eagle(str(drafter_dir), engine.model)))
+    engine = RolloutEngine.from_pretrained(str(target), drafter=str(drafter_dir), max_num_seqs=max(batch_sizes))
     prompts = toy_prompts(target, max(max(batch_sizes), acceptance_prompts), PROBLEM_SEED)
-    engine.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=8), strategy=strategy)  # warm-up
+    engine.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=8), strategy=strategies[0])  # warm-up
 
-    accept = {}
-    for name, temp in (("greedy", 0.0), ("t1", 1.0)):
-        params = SamplingParams(temperature=temp, max_tokens=max_tokens, seed=0)
-        engine.max_num_seqs = 1
-        outputs = engine.generate(prompts[:acceptance_prompts], params, strategy=strategy)
-        accept[name] = round(acceptance_length(outputs), 3)
-        print(f"acceptance length ({name}, batch 1, {strategy}): {accept[name]:.2f}", flush=True)
-
+    acceptance = {
+        strategy: measure_acceptance(engine, prompts[:acceptance_prompts], strategy, max_tokens)
+        for strategy in strategies
+    }
     rows = []
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0)
-    for batch_size in batch_sizes:
-        row = bench_batch(engine, prompts[:batch_size], params, strategy)
-        rows.append(row)
-        print(
-            f"bs={batch_size:>3}: plain {row['plain_tokens_per_s']:>8.1f} tok/s, SD {row['sd_tokens_per_s']:>8.1f} "
-            f"tok/s, speedup {row['speedup']:.2f}x, acceptance {row['acceptance_length']:.2f}",
-            flush=True,
-        )
+    for strategy in strategies:
+        for batch_size in batch_sizes:
+            row = {"strategy": strategy, **bench_batch(engine, prompts[:batch_size], params, strategy)}
+            rows.append(row)
+            print(
+                f"{strategy:>7} bs={batch_size:>3}: plain {row['plain_tokens_per_s']:>8.1f} tok/s, SD "
+                f"{row['sd_tokens_per_s']:>8.1f} tok/s, speedup {row['speedup']:.2f}x, acceptance "
+                f"{row['acceptance_length']:.2f}",
+                flush=True,
+            )
     result = {
         "benchmark": "sd",
         "target": str(target),
         "drafter": str(drafter_dir),
-        "strategy": strategy,
-        "temperature": temperature,
+        "strategies": strategies,
+        "curve_temperature": temperature,
         "max_tokens": max_tokens,
         "torch_threads": torch.get_num_threads(),
         "dtype": "float32",
-        "acceptance_length_greedy": accept["greedy"],
-        "acceptance_length_t1": accept["t1"],
+        # Headline acceptance lengths: the first (deepest by default) strategy, batch 1.
+        "acceptance_length_greedy": acceptance[strategies[0]]["greedy"],
+        "acceptance_length_t1": acceptance[strategies[0]]["t1"],
+        "acceptance_by_strategy": acceptance,
         "acceptance_prompts": acceptance_prompts,
         "rows": rows,
     }
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(json.dumps(result, indent=2))
+    return result
+
+
+def measure_acceptance(engine: RolloutEngine, prompts, strategy: str, max_tokens: int) -> dict[str, float]:
+    """Tokens per verify step (incl. bonus) at batch 1, greedy and T=1."""
+    result = {}
+    engine.max_num_seqs = 1
+    for name, temperature in (("greedy", 0.0), ("t1", 1.0)):
+        params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0)
+        result[name] = round(acceptance_length(engine.generate(prompts, params, strategy=strategy)), 3)
+        print(f"acceptance length ({name}, batch 1, {strategy}): {result[name]:.2f}", flush=True)
     return result

@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     warmup.add_argument("--num-prompts", type=int, default=256)
     warmup.add_argument("--steps", type=int, default=1000, help="optimizer steps (upper bound)")
     warmup.add_argument("--seconds", type=float, default=None, help="stop training after this many seconds")
-    warmup.add_argument("--temperature", type=float, default=1.0)
+    warmup.add_argument("--temperature", type=float, nargs="+", default=[1.0], help="one or more sampling temperatures")
     warmup.add_argument("--max-tokens", type=int, default=512)
     warmup.add_argument("--init-from", default=None, help="start from an exported drafter instead of the target")
     warmup.add_argument("--seed", type=int, default=0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,22 +56,28 @@ def warmup_drafter(
     *,
     num_steps: int = 1000,
     max_seconds: float | None = None,
-    temperature: float = 1.0,
+    temperature: float | Sequence[float] = 1.0,
     max_tokens: int = 512,
     seed: int = 0,
     init_from: str | None = None,
     config: DrafterTrainConfig | None = None,
 ) -> WarmupReport:
-    """Train a drafter for the target at target_path on its own answers to `prompts`; export it to out_dir."""
+    """Train a drafter for the target at target_path on its own answers to `prompts`; export it to out_dir.
+
+    temperature: one sampling temperature, or several (every prompt is answered once per temperature, e.g.
+    (0.0, 1.0) to serve both greedy and sampled rollouts well).
+    """
     from verl_tlt.drafter.export import export_eagle, load_eagle
 
     if not prompts:
         raise ValueError("warmup_drafter needs at least one prompt")
     torch.manual_seed(seed)
     engine = RolloutEngine.from_pretrained(target_path, max_num_seqs=64, seed=seed)
-    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=None)
+    temperatures = [temperature] if isinstance(temperature, (int, float)) else list(temperature)
     start = time.monotonic()
-    samples = collect_samples(engine, prompts, params)
+    samples = []
+    for temp in temperatures:
+        samples += collect_samples(engine, prompts, SamplingParams(temperature=temp, max_tokens=max_tokens))
     generate_seconds = time.monotonic() - start
     num_tokens = sum(s.num_tokens for s in samples)
     logger.info("Collected %d samples (%d tokens) in %.1f s", len(samples), num_tokens, generate_seconds)
@@ -82,7 +89,7 @@ def warmup_drafter(
     deadline = time.monotonic() + max_seconds if max_seconds else None
     report = trainer.train(max_steps=num_steps, deadline=deadline)
     logger.info("Trained %d steps in %.1f s: %s", report.steps, report.seconds, report.last_metrics)
-    metadata = {"warmup_steps": report.steps, "warmup_prompts": len(prompts), "warmup_temperature": temperature}
+    metadata = {"warmup_steps": report.steps, "warmup_prompts": len(prompts), "warmup_temperatures": temperatures}
     path = export_eagle(model, out_dir, metadata=metadata)
     return WarmupReport(
         num_prompts=len(prompts),

@@ -1,0 +1,23 @@
+"""`bench sd` building blocks on a tiny model (the real run needs the trained toy target)."""
+
+from __future__ import annotations
+
+import math
+
+from tests.engine.conftest import build_tiny_model
+from tests.engine.drafters import HFModelDrafter
+from verl_tlt.bench.sd_bench import acceptance_length, bench_batch, measure_acceptance
+from verl_tlt.engine import RolloutEngine, SamplingParams
+
+
+def test_bench_batch_reports_speed_acceptance_and_checks_greedy_identity(tmp_path):
+    hf_model = build_tiny_model("qwen2", tmp_path, weight_std=0.2)
+    engine = RolloutEngine.from_pretrained(str(tmp_path), drafter=HFModelDrafter(hf_model))
+    prompts = [[5, 6, 7], [8, 9], [10]]
+    row = bench_batch(engine, prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), "3_1_3")
+    assert row["batch_size"] == 3 and row["greedy_identical"] is True
+    assert row["acceptance_length"] == 4.0  # a perfect drafter: every draft accepted, plus the bonus token
+    assert row["speedup"] > 0 and row["plain_tokens_per_s"] > 0
+    accept = measure_acceptance(engine, prompts, "3_1_3", max_tokens=12)
+    assert set(accept) == {"greedy", "t1"} and accept["greedy"] > 1.0
+    assert math.isnan(acceptance_length([]))

@@ -1,0 +1,25 @@
+"""`verl-tlt drafter warmup` from a verl RL parquet, end to end on the (untrained) toy world model."""
+
+from __future__ import annotations
+
+import json
+
+from verl_tlt.cli import main
+from verl_tlt.drafter.export import load_eagle
+from verl_tlt.engine import RolloutEngine
+from verl_tlt.toy.build import build_toy_world
+
+
+def test_warmup_cli_reads_parquet_prompts_and_exports(tmp_path):
+    world = build_toy_world(tmp_path / "world", seed=0, num_train=8, num_val=4)
+    out, report_path = tmp_path / "drafter", tmp_path / "report.json"
+    argv = ["drafter", "warmup", "--target", str(world.model_dir), "--prompts", str(world.train_parquet)]
+    argv += ["--out", str(out), "--num-prompts", "4", "--steps", "3", "--max-tokens", "8"]
+    argv += ["--temperature", "0", "1", "--json", str(report_path)]
+    assert main(argv) == 0
+    report = json.loads(report_path.read_text())
+    assert report["num_prompts"] == 4 and report["num_samples"] == 8 and report["train_steps"] == 3
+    engine = RolloutEngine.from_pretrained(str(world.model_dir))
+    load_eagle(str(out), engine.model)  # the export loads against its target
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_hidden_layers"] == 1
