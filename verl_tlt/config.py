@@ -48,8 +48,11 @@ class SpeculativeConfig:
         },
     )
     plain_arm_min_batch: int = field(
-        default=8,
-        metadata={"help": "Buckets starting at this batch size or above also have plain decoding as an arm."},
+        default=1,
+        metadata={
+            "help": "Buckets starting at this batch size or above also have plain decoding as an arm (1 = every "
+            "bucket, so the policy can learn where SD does not pay, even at batch 1)."
+        },
     )
     epsilon: float = field(default=0.1, metadata={"help": "Exploration rate of the epsilon-greedy bandits."})
     window: int = field(
