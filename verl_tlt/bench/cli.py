@@ -38,8 +38,26 @@ def main(argv: list[str] | None = None) -> int:
     sd.add_argument("--temperature", type=float, default=0.0, help="for the speedup curve (0 = greedy)")
     sd.add_argument("--max-tokens", type=int, default=512)
     sd.add_argument("--acceptance-prompts", type=int, default=32, help="prompts for the acceptance lengths")
+    adaptive = sub.add_parser("adaptive", help="adaptive policy vs plain and fixed strategies on a long-tail rollout")
+    adaptive.add_argument("--json", help="write results to this path")
+    adaptive.add_argument("--num-requests", type=int, default=256)
+    adaptive.add_argument("--max-tokens", type=int, default=512)
+    adaptive.add_argument("--repeats", type=int, default=3)
+    adaptive.add_argument("--threshold", type=int, default=None, help="override tlt.speculative.threshold")
+    adaptive.add_argument("--strategies", nargs="+", default=None, help="override tlt.speculative.strategies")
     args = parser.parse_args(argv)
-    if args.name == "sd":
+    if args.name == "adaptive":
+        import dataclasses
+
+        from verl_tlt.bench.adaptive_bench import run as run_adaptive
+        from verl_tlt.config import SpeculativeConfig
+
+        if min(args.num_requests, args.max_tokens, args.repeats) < 1:
+            parser.error("--num-requests, --max-tokens and --repeats must be >= 1")
+        overrides = {"threshold": args.threshold, "strategies": tuple(args.strategies or ()) or None}
+        config = dataclasses.replace(SpeculativeConfig(), **{k: v for k, v in overrides.items() if v is not None})
+        run_adaptive(args.json, args.num_requests, args.max_tokens, args.repeats, config)
+    elif args.name == "sd":
         from verl_tlt.bench.sd_bench import run as run_sd
         from verl_tlt.spec.strategy import SpecStrategy
 

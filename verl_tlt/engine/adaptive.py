@@ -3,10 +3,10 @@
 Speculative decoding pays off only while the running batch is small. `AdaptivePolicy.select(batch_size)` returns
 None (plain decoding) above `threshold`; at or below it, the batch size picks a bucket and that bucket's bandit
 picks an arm: an SD strategy, or plain decoding where plain is an arm (buckets starting at `plain_arm_min_batch`
-or above; by default every bucket), so the policy can learn where SD does not pay. After the step the engine reports what happened
-with `observe`; the reward is committed tokens per second per running request, which stays comparable across the
-batch sizes that share a bucket. Each arm keeps a window of its latest rewards and is judged by their median, so
-a few noisy steps cannot capture the policy.
+or above; by default every bucket), so the policy can learn where SD does not pay. After the step the engine
+reports what happened with `observe`; the reward is committed tokens per second per running request, which stays
+comparable across the batch sizes that share a bucket. Each arm keeps a window of its latest rewards and is
+judged by their median, so a few noisy steps cannot capture the policy.
 
 Exploration: every arm is tried `min_samples` times first (in a fixed order), then with probability `epsilon` a
 random arm is played, otherwise the best median. Unlike the reference implementation, whose buckets held one

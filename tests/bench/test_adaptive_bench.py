@@ -1,0 +1,27 @@
+"""`bench adaptive` building blocks on a tiny model (the real run needs the trained toy target)."""
+
+from __future__ import annotations
+
+from tests.engine.conftest import build_tiny_model
+from tests.engine.drafters import HFModelDrafter
+from verl_tlt.bench.adaptive_bench import _FixedBelowThreshold, timed_run, worst_above_threshold_ratio
+from verl_tlt.engine import RolloutEngine, SamplingParams
+
+
+def test_timed_run_records_steps_per_batch_size_and_restores_the_engine(tmp_path):
+    hf_model = build_tiny_model("qwen2", tmp_path, weight_std=0.2)
+    engine = RolloutEngine.from_pretrained(str(tmp_path), drafter=HFModelDrafter(hf_model), max_num_seqs=8)
+    prompts = [[5 + i, 6 + i] for i in range(6)]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (2, 2, 4, 4, 9, 9)]
+    seconds, outputs, steps = timed_run(engine, prompts, params, _FixedBelowThreshold("3_1_3", threshold=2))
+    assert seconds > 0 and [len(o.token_ids) for o in outputs] == [2, 2, 4, 4, 9, 9]
+    assert set(steps) <= {6, 4, 2} and 2 in steps  # batch shrinks 6 -> 4 -> 2 as requests finish
+    assert engine.policy is None and "_decode_step" not in vars(engine)  # instrumentation removed
+    assert engine.stats.steps_sd > 0 and engine.stats.steps_plain > 0  # SD only at <= 2 running
+
+
+def test_worst_above_threshold_ratio_groups_batch_sizes_and_needs_enough_steps():
+    plain = {40: [1.0] * 5, 50: [1.0] * 5, 100: [2.0] * 5, 8: [9.0] * 9}
+    adaptive = {40: [1.1] * 5, 50: [1.1] * 5, 100: [2.0] * 5, 8: [1.0] * 9}
+    assert worst_above_threshold_ratio(plain, adaptive, threshold=32) == round(1.0 / 1.1, 3)
+    assert worst_above_threshold_ratio({40: [1.0]}, {40: [2.0]}, threshold=32) is None  # too few steps

@@ -1,0 +1,166 @@
+"""`verl-tlt bench adaptive`: the adaptive policy against plain decoding and every fixed strategy, on a replayed
+long-tail rollout.
+
+All N fresh toy prompts start together on the trained toy target (with its warmed-up drafter), as in one RL
+rollout: the batch shrinks as short answers finish and a few long ones decode alone at the end. Decoding is
+greedy, so every run produces the same tokens (checked) and the runs differ only in time. Runs: plain; for each
+candidate strategy, that strategy at every decode step with at most `threshold` running requests (plain above,
+like the policy); and the adaptive policy (`tlt.speculative` defaults unless overridden). In RL the policy lives as
+long as the engine and keeps learning across rollouts, so the headline adaptive run uses a policy that has already
+seen one rollout ("warm"); the first rollout of a fresh policy is reported too ("cold"). Each run is timed best of
+`repeats`. Decode step times are grouped by batch size (powers of two) to compare adaptive with plain above the
+threshold, where both decode plainly and the policy's bookkeeping is the only difference. Ratios from one run of
+the command.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from verl_tlt.config import SpeculativeConfig
+from verl_tlt.engine import RolloutEngine, SamplingParams
+from verl_tlt.engine.adaptive import AdaptivePolicy
+from verl_tlt.spec.strategy import SpecStrategy
+
+PROBLEM_SEED = 31337
+
+
+class _FixedBelowThreshold:
+    """A policy stand-in: one strategy at or below the threshold, plain above (nothing to learn)."""
+
+    def __init__(self, strategy: str, threshold: int):
+        self.strategy, self.threshold = SpecStrategy.parse(strategy), threshold
+
+    def select(self, batch_size: int) -> SpecStrategy | None:
+        return self.strategy if batch_size <= self.threshold else None
+
+    def observe(self, *args) -> None:
+        pass
+
+    def bucket_of(self, batch_size: int) -> int | None:
+        return None
+
+
+def timed_run(engine: RolloutEngine, prompts, params, policy) -> tuple[float, list, dict[int, list[float]]]:
+    """Generate with `policy` attached; return wall seconds, outputs and per-batch-size decode step times."""
+    step_times: dict[int, list[float]] = defaultdict(list)
+    original = engine._decode_step
+
+    def recording_step(forced):
+        batch_size, start = len(engine.running), time.perf_counter()
+        original(forced)
+        step_times[batch_size].append(time.perf_counter() - start)
+
+    engine.policy, engine._decode_step = policy, recording_step
+    try:
+        start = time.perf_counter()
+        outputs = engine.generate(prompts, params)
+        return time.perf_counter() - start, outputs, step_times
+    finally:
+        engine.policy = None
+        del engine._decode_step
+
+
+def best_of(repeats: int, run):
+    results = [run() for _ in range(repeats)]
+    return min(results, key=lambda r: r[0])
+
+
+def worst_above_threshold_ratio(plain_steps, adaptive_steps, threshold: int, min_steps: int = 5) -> float | None:
+    """Worst (lowest) plain / adaptive mean step time over batch-size groups (powers of two) above the threshold,
+    counting groups with at least min_steps steps in both runs."""
+
+    def grouped(steps):
+        groups = defaultdict(list)
+        for batch_size, times in steps.items():
+            if batch_size > threshold:
+                groups[batch_size.bit_length()].extend(times)
+        return groups
+
+    plain, adaptive = grouped(plain_steps), grouped(adaptive_steps)
+    ratios = [
+        (sum(plain[g]) / len(plain[g])) / (sum(adaptive[g]) / len(adaptive[g]))
+        for g in adaptive
+        if len(adaptive[g]) >= min_steps and len(plain.get(g, [])) >= min_steps
+    ]
+    return round(min(ratios), 3) if ratios else None
+
+
+def run(json_path: str | None, num_requests: int, max_tokens: int, repeats: int, config: SpeculativeConfig) -> dict:
+    from verl_tlt.toy.drafter import ensure_toy_drafter, toy_prompts
+    from verl_tlt.toy.sft import ensure_toy_target
+
+    target, drafter_dir = ensure_toy_target(), ensure_toy_drafter()
+    engine = RolloutEngine.from_pretrained(str(target), drafter=str(drafter_dir), max_num_seqs=num_requests)
+    prompts = toy_prompts(target, num_requests, PROBLEM_SEED)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    engine.generate(prompts[:4], params, strategy=config.strategies[0])  # warm-up
+
+    plain_s, reference, plain_steps = best_of(repeats, lambda: timed_run(engine, prompts, params, None))
+    tokens = sum(len(o.token_ids) for o in reference)
+    runs = {"plain": {"seconds": round(plain_s, 3), "tokens_per_s": round(tokens / plain_s, 1)}}
+    print(f"{'plain':>10}: {tokens / plain_s:8.1f} tok/s ({tokens} tokens, {num_requests} requests)", flush=True)
+    identical = True
+    for strategy in config.strategies:
+        fixed = _FixedBelowThreshold(strategy, config.threshold)
+        seconds, outputs, _ = best_of(repeats, lambda fixed=fixed: timed_run(engine, prompts, params, fixed))
+        identical &= [o.token_ids for o in outputs] == [o.token_ids for o in reference]
+        runs[strategy] = {"seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 1)}
+        print(f"{strategy:>10}: {tokens / seconds:8.1f} tok/s, {plain_s / seconds:.2f}x plain", flush=True)
+
+    policies = []
+
+    def cold_run():
+        policies.append(AdaptivePolicy(config))
+        return timed_run(engine, prompts, params, policies[-1])
+
+    def warm_run():
+        policy = AdaptivePolicy(config)
+        timed_run(engine, prompts, params, policy)  # one rollout to learn from, as the previous RL step would be
+        policies.append(policy)
+        return timed_run(engine, prompts, params, policy)
+
+    cold_s, outputs, _ = best_of(repeats, cold_run)
+    identical &= [o.token_ids for o in outputs] == [o.token_ids for o in reference]
+    adaptive_s, outputs, adaptive_steps = best_of(repeats, warm_run)
+    identical &= [o.token_ids for o in outputs] == [o.token_ids for o in reference]
+    runs["adaptive_cold"] = {"seconds": round(cold_s, 3), "tokens_per_s": round(tokens / cold_s, 1)}
+    runs["adaptive"] = {"seconds": round(adaptive_s, 3), "tokens_per_s": round(tokens / adaptive_s, 1)}
+    best_fixed = min(config.strategies, key=lambda s: runs[s]["seconds"])
+    result = {
+        "benchmark": "adaptive",
+        "target": str(target),
+        "drafter": str(drafter_dir),
+        "num_requests": num_requests,
+        "num_tokens": tokens,
+        "max_tokens": max_tokens,
+        "repeats": repeats,
+        "torch_threads": torch.get_num_threads(),
+        "policy": {k: list(v) if isinstance(v, tuple) else v for k, v in config.__dict__.items()},
+        "runs": runs,
+        "best_fixed_strategy": best_fixed,
+        "adaptive_vs_best_fixed": round(runs[best_fixed]["seconds"] / adaptive_s, 3),
+        "adaptive_vs_plain": round(plain_s / adaptive_s, 3),
+        "adaptive_cold_vs_plain": round(plain_s / cold_s, 3),
+        "worst_above_threshold_vs_plain": worst_above_threshold_ratio(plain_steps, adaptive_steps, config.threshold),
+        "outputs_identical": identical,
+        "adaptive_engine_stats": engine.stats.as_dict(),
+        "final_policy_state": policies[-1].state(),
+    }
+    print(
+        f"{'adaptive':>10}: {tokens / adaptive_s:8.1f} tok/s warm ({tokens / cold_s:.1f} cold), "
+        f"{result['adaptive_vs_plain']:.2f}x plain, "
+        f"{result['adaptive_vs_best_fixed']:.2f}x best fixed ({best_fixed}); above the threshold adaptive steps "
+        f"run at {result['worst_above_threshold_vs_plain']}x plain speed (worst batch size); outputs identical: "
+        f"{identical}",
+        flush=True,
+    )
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(result, indent=2, default=str))
+    return result
