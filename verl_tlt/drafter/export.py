@@ -161,8 +161,6 @@ def _check_target_config(spec: ModelSpec, target_config: dict) -> None:
     """Refuse to label a drafter with a target config whose sizes it does not have."""
     target_spec = ModelSpec.from_hf_config(_AttrDict(target_config))
     mismatches = _size_mismatches(spec, target_spec)
-    if spec.rope_theta != target_spec.rope_theta:
-        mismatches.append(f"rope_theta: {spec.rope_theta} vs {target_spec.rope_theta}")
     if spec.model_type != target_spec.model_type:
         mismatches.append(f"model_type: {spec.model_type} vs {target_spec.model_type}")
     if mismatches:
@@ -311,8 +309,6 @@ def _drafter_spec(config: dict, target: ModelSpec, path: Path) -> ModelSpec:
     _check_eagle1_fields(config, path)
     draft = _spec_from_config(config, model_type, target, path)
     mismatches = _size_mismatches(draft, target)
-    if draft.rope_theta != target.rope_theta:
-        mismatches.append(f"rope_theta: {draft.rope_theta} vs {target.rope_theta}")
     if mismatches:
         raise ValueError(
             f"EAGLE drafter at {path} does not fit the target ({target.model_type}): {'; '.join(mismatches)} "
@@ -390,8 +386,13 @@ def _biases(config: dict, model_type: str) -> tuple[bool, bool]:
 
 
 def _size_mismatches(draft: ModelSpec, target: ModelSpec) -> list[str]:
-    """'<config.json key>: drafter vs target' for every size the drafter must share with its target."""
+    """'<config.json key>: drafter vs target' for every size (and the RoPE base) the drafter shares with its target.
+
+    The engine rotates the drafter's queries/keys with the target's tables, and vLLM with the draft config's
+    rope_theta, so the two must agree.
+    """
     fields = {
+        "rope_theta": "rope_theta",
         "hidden_size": "hidden_size",
         "vocab_size": "vocab_size",
         "num_heads": "num_attention_heads",
