@@ -68,6 +68,7 @@ class RolloutEngine:
         # Chooses plain or SD per decode step when generate/step get no explicit strategy (needs a drafter).
         self.policy = policy
         self.stats = DecodeStats()
+        self._params_cache: tuple[tuple[int, ...], LogitsParams, list[Request]] | None = None
         # Draft-tree nodes are verified in scratch positions after a row's prefix, hence the extra room.
         cache_len = self.max_model_len + max_draft_tokens + 1
         self.cache = SlotKVCache(model.spec, dtype=self.dtype, device=self.device, max_len=cache_len)
@@ -133,6 +134,7 @@ class RolloutEngine:
         if params.seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(params.seed)
         request = Request(request_id, [int(t) for t in prompt_ids], params, generator, self.max_model_len)
+        request.stop_ids = self._stop_ids(params)
         with self._lock:
             self.waiting.append(request)
         return request_id
@@ -275,7 +277,7 @@ class RolloutEngine:
     def _decode_speculative(self, strategy: SpecStrategy) -> None:
         """Draft a tree per running row, verify all nodes in one target forward, commit what is accepted."""
         requests = self.running
-        params = LogitsParams(*params_tensors(requests, self.device))
+        params = self._logits_params(requests)
         tree = draft_trees(self.drafter, requests, strategy, params, self.generator, self.device)
         lens = torch.tensor(self.cache_lens, device=self.device)
         self.cache.ensure_capacity(len(requests), max(self.cache_lens) + tree.num_nodes)
@@ -305,11 +307,10 @@ class RolloutEngine:
 
     def _commit(self, request: Request, tokens: list[int], log_probs: list[float]) -> None:
         """Append tokens until the request finishes (EOS/stop/max inside a draft: nothing after it is kept)."""
-        stops = self._stop_ids(request)
         for token, log_prob in zip(tokens, log_probs, strict=True):
             if request.finish_reason is not None:
                 return
-            request.append(token, log_prob, stops)
+            request.append(token, log_prob, request.stop_ids)
 
     def _check_strategy(self, strategy: SpecStrategy | str | None) -> SpecStrategy | None:
         if strategy is None:
@@ -342,13 +343,22 @@ class RolloutEngine:
         return self.model(input_ids, positions, batch, self.cache.k, self.cache.v)
 
     def _emit(self, requests: list[Request], logits: torch.Tensor) -> None:
-        tokens, log_probs = sample_tokens(logits, requests, self.generator, raw_logprobs=self.raw_logprobs)
+        params = self._logits_params(requests)
+        tokens, log_probs = sample_tokens(logits, requests, params, self.generator, raw_logprobs=self.raw_logprobs)
         for request, token, log_prob in zip(requests, tokens, log_probs, strict=True):
-            request.append(token, log_prob, self._stop_ids(request))
+            request.append(token, log_prob, request.stop_ids)
 
-    def _stop_ids(self, request: Request) -> frozenset[int]:
-        stop_ids = request.params.stop_token_ids
-        return frozenset(stop_ids) if request.params.ignore_eos else self.eos_token_ids.union(stop_ids)
+    def _logits_params(self, requests: list[Request]) -> LogitsParams:
+        """Sampling parameters of `requests` as tensors, rebuilt only when the batch composition changes."""
+        # Keyed by object identity; the cache keeps the requests alive, so their ids cannot be reused meanwhile.
+        key = tuple(map(id, requests))
+        if self._params_cache is None or self._params_cache[0] != key:
+            self._params_cache = (key, LogitsParams(*params_tensors(requests, self.device)), list(requests))
+        return self._params_cache[1]
+
+    def _stop_ids(self, params: SamplingParams) -> frozenset[int]:
+        stop_ids = params.stop_token_ids
+        return frozenset(stop_ids) if params.ignore_eos else self.eos_token_ids.union(stop_ids)
 
     def _collect_aborted(self) -> list[CompletionOutput]:
         with self._lock:

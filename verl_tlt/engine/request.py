@@ -38,6 +38,8 @@ class Request:
     log_probs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
     stop_token_id: int | None = None
+    # Token ids that end this request (EOS unless ignore_eos, plus stop_token_ids), fixed when it is added.
+    stop_ids: frozenset[int] = frozenset()
     num_decode_steps: int = 0
     # Speculative decoding: verify steps, draft tokens verified, draft tokens accepted.
     num_verify_steps: int = 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from verl_tlt.engine.request import Request
-from verl_tlt.spec.logits import is_greedy, process_logits, token_log_probs
+from verl_tlt.spec.logits import LogitsParams, token_log_probs
 
 
 def params_tensors(requests: list[Request], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -17,21 +17,25 @@ def params_tensors(requests: list[Request], device: torch.device) -> tuple[torch
 
 
 def sample_tokens(
-    logits: torch.Tensor, requests: list[Request], default_generator: torch.Generator, *, raw_logprobs: bool
+    logits: torch.Tensor,
+    requests: list[Request],
+    params: LogitsParams,
+    default_generator: torch.Generator,
+    *,
+    raw_logprobs: bool,
 ) -> tuple[list[int], list[float]]:
     """Sample one token per row of logits [N, V]; return token ids and their log-probs.
 
     Log-probs come from the processed distribution (vLLM's `processed_logprobs`) unless raw_logprobs.
     Each request with a seed draws from its own generator so its samples do not depend on batch composition.
     """
-    temperature, top_k, top_p = params_tensors(requests, logits.device)
-    processed = process_logits(logits, temperature, top_k, top_p)  # [N, V] fp32
-    greedy = is_greedy(temperature)
+    processed = params.process(logits)  # [N, V] fp32
     tokens = processed.argmax(dim=-1)
-    if not bool(greedy.all()):
+    greedy = params.greedy_rows
+    if not all(greedy):
         probs = processed.softmax(dim=-1)
         for row, request in enumerate(requests):
-            if bool(greedy[row]):
+            if greedy[row]:
                 continue
             generator = request.generator or default_generator
             tokens[row] = torch.multinomial(probs[row], 1, generator=generator)[0]

@@ -12,6 +12,7 @@ Conventions follow vLLM (which verl's vLLM rollout uses with `logprobs_mode=proc
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -94,6 +95,11 @@ class LogitsParams:
     @property
     def is_greedy(self) -> torch.Tensor:
         return is_greedy(self.temperature)
+
+    @functools.cached_property
+    def greedy_rows(self) -> list[bool]:
+        """Per-row greedy flags as Python bools (computed once; the engine reuses params while its batch holds)."""
+        return self.is_greedy.tolist()
 
     def process(self, logits: torch.Tensor) -> torch.Tensor:
         """process_logits for logits [B, V] or [B, M, V] (every position of row b uses row b's parameters)."""
