@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 FORBIDDEN = ("verl", "ray", "vllm", "sglang")
-PURE_PACKAGES = ("verl_tlt.spec", "verl_tlt.engine", "verl_tlt.drafter")
+PURE_PACKAGES = ("verl_tlt.spec", "verl_tlt.engine", "verl_tlt.drafter", "verl_tlt.metrics")
 
 # Imports every module of the pure packages in one fresh interpreter, noting forbidden modules after each.
 PROBE = """

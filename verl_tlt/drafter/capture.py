@@ -1,0 +1,65 @@
+"""Which finished responses feed the drafter, and how a captured batch becomes drafter samples.
+
+During RL the actor's forward over the finished rollout batch already computes the target's last-layer hidden
+states; TLT keeps a token-budgeted sample of them. Long responses are preferred: they are where the rollout's
+long tail spends its time, so they are what speculative decoding must be good at (and they carry the most
+training pairs per sample).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from verl_tlt.drafter.data import DrafterSample, sample_from_padded_row
+
+
+def choose_rows_for_capture(
+    response_lengths: Sequence[int], total_lengths: Sequence[int], token_budget: int
+) -> list[int]:
+    """Rows to capture: longest responses first, while their total tokens (prompt + response) fit the budget.
+
+    A row that alone exceeds the budget is skipped rather than truncated here (the data buffer windows long
+    samples later; capture keeps whole sequences so every window has its true context available). Ties keep the
+    batch order, so the choice is deterministic. Returns row indices in ascending order.
+    """
+    if len(response_lengths) != len(total_lengths):
+        raise ValueError(
+            f"choose_rows_for_capture: {len(response_lengths)} response lengths vs {len(total_lengths)} totals"
+        )
+    if token_budget < 1:
+        raise ValueError(f"token_budget must be >= 1, got {token_budget}")
+    order = sorted(range(len(response_lengths)), key=lambda row: (-response_lengths[row], row))
+    chosen, used = [], 0
+    for row in order:
+        if response_lengths[row] < 1 or used + total_lengths[row] > token_budget:
+            continue
+        chosen.append(row)
+        used += total_lengths[row]
+    return sorted(chosen)
+
+
+def samples_from_batch(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_mask: torch.Tensor,
+    hidden_states: torch.Tensor,
+    rows: Sequence[int],
+    step: int,
+) -> list[DrafterSample]:
+    """Drafter samples for `rows` of a verl batch ([B, L] ids/masks, [B, L, H] hidden states), moved to CPU."""
+    samples = []
+    for row in rows:
+        sample = sample_from_padded_row(
+            input_ids[row], attention_mask[row], hidden_states[row], response_mask[row], step=step
+        )
+        samples.append(
+            DrafterSample(
+                sample.token_ids.cpu(),
+                sample.hidden_states.detach().to("cpu", copy=True),
+                sample.response_mask.cpu(),
+                step,
+            )
+        )
+    return samples

@@ -1,0 +1,1 @@
+"""Pure metric functions for `tlt/*` logging (no verl imports)."""
