@@ -13,6 +13,7 @@ sample, so no sample attends to another (the reference implementation packed wit
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -150,12 +151,18 @@ class DrafterDataBuffer:
         self.next_id = 0
         self.num_tokens = 0
         self.num_evicted = 0
+        # Capture adds samples while a spot trainer may be drawing batches in another thread.
+        self._lock = threading.RLock()
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def add(self, samples: Iterable[DrafterSample]) -> int:
         """Add samples (skipping ones without any loss pair); evict the oldest to stay in budget. Returns added."""
+        with self._lock:
+            return self._add(samples)
+
+    def _add(self, samples: Iterable[DrafterSample]) -> int:
         added = 0
         for sample in samples:
             if sample.num_tokens < 2 or sample.num_loss_pairs == 0:
@@ -174,6 +181,10 @@ class DrafterDataBuffer:
 
     def next_batch(self, max_tokens_per_batch: int) -> PackedBatch | None:
         """Pack the least-used (then newest) samples into at most max_tokens_per_batch tokens; None if empty."""
+        with self._lock:
+            return self._next_batch(max_tokens_per_batch)
+
+    def _next_batch(self, max_tokens_per_batch: int) -> PackedBatch | None:
         if not self.samples:
             return None
         order = sorted(self.samples, key=lambda i: (self.times_used[i], -i))
@@ -191,6 +202,10 @@ class DrafterDataBuffer:
 
     def state_dict(self, include_samples: bool = True) -> dict:
         """Cursor (usage counts, ids) and, optionally, the samples themselves."""
+        with self._lock:
+            return self._state_dict(include_samples)
+
+    def _state_dict(self, include_samples: bool) -> dict:
         state = {"next_id": self.next_id, "times_used": dict(self.times_used), "num_evicted": self.num_evicted}
         if include_samples:
             state["samples"] = {
@@ -199,6 +214,10 @@ class DrafterDataBuffer:
         return state
 
     def load_state_dict(self, state: dict) -> None:
+        with self._lock:
+            self._load_state_dict(state)
+
+    def _load_state_dict(self, state: dict) -> None:
         if "samples" in state:
             self.samples = OrderedDict(
                 (int(i), DrafterSample(*fields)) for i, fields in sorted(state["samples"].items())

@@ -1,0 +1,134 @@
+"""Spot training: the drafter trains in the background while a replica is idle and stops on demand.
+
+This is what a drafter worker runs (on CPU a Ray actor wraps it; see the TLT trainer integration). `start()`
+launches training in a thread; `stop()` returns within one optimizer step, bumps the weight version if any step
+ran, and starts an asynchronous checkpoint. A failure inside training (an exception, or a non-finite loss) never
+propagates: it is logged and recorded, the weights are restored to the last good version, and the worker stays
+usable, so a broken drafter cannot stop the RL run.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from verl_tlt.drafter.data import DrafterDataBuffer, DrafterSample
+from verl_tlt.drafter.model import EagleDrafterModel
+from verl_tlt.drafter.trainer import DrafterTrainConfig, DrafterTrainer, TrainReport
+
+logger = logging.getLogger(__name__)
+
+
+class SpotTrainer:
+    def __init__(
+        self,
+        model: EagleDrafterModel,
+        config: DrafterTrainConfig | None = None,
+        *,
+        buffer_tokens: int = 262_144,
+        checkpoint_dir: str | Path | None = None,
+    ):
+        self.trainer = DrafterTrainer(model, DrafterDataBuffer(buffer_tokens), config)
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        self.version = 0
+        self.total_steps = 0
+        self.last_report: TrainReport | None = None
+        self.last_error: str | None = None
+        self._good_state = self._snapshot()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._result: dict = {}
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def add_samples(self, samples: Iterable[DrafterSample]) -> int:
+        """Add captured samples; safe while training runs (the buffer locks itself)."""
+        return self.trainer.buffer.add(samples)
+
+    def start(self, max_steps: int | None = None) -> bool:
+        """Begin background training; False if it is already running or there is nothing to train on."""
+        if self.is_running:
+            return False
+        if len(self.trainer.buffer) == 0:
+            return False
+        self._stop.clear()
+        self._result = {}
+        self._thread = threading.Thread(target=self._train, args=(max_steps,), name="drafter-spot-train", daemon=True)
+        self._thread.start()
+        return True
+
+    def stop(self, timeout: float | None = None) -> TrainReport | None:
+        """Preempt training (returns within one optimizer step), publish a new version if weights changed."""
+        if self._thread is None:
+            return None
+        self._stop.set()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            logger.warning(
+                "Drafter spot training did not stop within %s s; it will stop after its current step", timeout
+            )
+            return None
+        self._thread = None
+        return self._finish()
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """CPU copy of the last good (published) drafter weights."""
+        return {name: tensor.clone() for name, tensor in self._good_state.items()}
+
+    def status(self) -> dict:
+        report = self.last_report
+        return {
+            "running": self.is_running,
+            "version": self.version,
+            "total_steps": self.total_steps,
+            "buffer_samples": len(self.trainer.buffer),
+            "buffer_tokens": self.trainer.buffer.num_tokens,
+            "last_error": self.last_error,
+            "last_steps": report.steps if report else 0,
+            "last_seconds": report.seconds if report else 0.0,
+            "last_metrics": dict(report.last_metrics) if report else {},
+        }
+
+    # ----- internals -----------------------------------------------------------------------------------------
+
+    def _train(self, max_steps: int | None) -> None:
+        try:
+            report = self.trainer.train(stop=self._stop, max_steps=max_steps)
+            self._result = {"report": report}
+        except Exception as error:  # a failing drafter must never kill the RL run
+            logger.exception("Drafter spot training failed; keeping drafter version %d", self.version)
+            self._result = {"error": f"{type(error).__name__}: {error}"}
+
+    def _finish(self) -> TrainReport | None:
+        report = self._result.get("report")
+        error = self._result.get("error")
+        if report is not None and not _finite(report.last_metrics.get("loss", 0.0)):
+            error = f"non-finite drafter loss {report.last_metrics.get('loss')}"
+            logger.error("Drafter spot training diverged (%s); keeping drafter version %d", error, self.version)
+        if error is not None:
+            self.last_error = error
+            self.trainer.model.load_state_dict(self._good_state)
+            return report
+        self.last_report = report
+        if report is not None and report.steps > 0:
+            self.total_steps += report.steps
+            self.version += 1
+            self._good_state = self._snapshot()
+            self.last_error = None
+            if self.checkpoint_dir is not None:
+                self.trainer.save_checkpoint(self.checkpoint_dir / "latest")
+        return report
+
+    def _snapshot(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.trainer.model.state_dict().items()}
+
+
+def _finite(value: float) -> bool:
+    return math.isfinite(float(value))
