@@ -186,3 +186,29 @@ def test_bad_speculative_configurations_fail_with_clear_errors(varied_qwen2):
 
     with pytest.raises(ValueError, match="vocabulary"):
         make_engine(varied_qwen2, WrongVocab(varied_qwen2[1]))
+
+
+class FailingDrafter(HFModelDrafter):
+    """Works for `ok_calls` expand calls, then raises (a drafter that runs out of memory mid-rollout)."""
+
+    def __init__(self, model, ok_calls: int):
+        super().__init__(model)
+        self.ok_calls = ok_calls
+
+    def expand(self, node_ids, parent_ids, tokens):
+        self.ok_calls -= 1
+        if self.ok_calls < 0:
+            raise RuntimeError("drafter out of memory (simulated)")
+        return super().expand(node_ids, parent_ids, tokens)
+
+
+@pytest.mark.parametrize("ok_calls", [0, 5])
+def test_a_failing_drafter_turns_speculation_off_without_failing_requests(varied_qwen2, ok_calls):
+    plain = make_engine(varied_qwen2).generate(PROMPTS, GREEDY)
+    engine = make_engine(varied_qwen2, FailingDrafter(varied_qwen2[1], ok_calls))
+    outputs = engine.generate(PROMPTS, GREEDY, strategy="4_1_4")
+    assert [o.token_ids for o in outputs] == [o.token_ids for o in plain]
+    assert "out of memory" in engine.drafter_error and engine.stats.drafter_failures == 1
+    engine.set_drafter(HFModelDrafter(varied_qwen2[1]))  # a new drafter turns speculation back on
+    assert engine.drafter_error is None
+    assert all(o.stats["num_verify_steps"] > 0 for o in engine.generate(PROMPTS, GREEDY, strategy="4_1_4"))

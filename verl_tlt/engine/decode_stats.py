@@ -17,6 +17,7 @@ class DecodeStats:
     tokens_sd: int = 0
     seconds_plain: float = 0.0
     seconds_sd: float = 0.0
+    drafter_failures: int = 0
     # bucket label -> strategy name ('plain' included) -> decode steps
     strategy_histogram: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
 
@@ -55,6 +56,7 @@ class DecodeStats:
             "tokens_sd": self.tokens_sd,
             "seconds_plain": self.seconds_plain,
             "seconds_sd": self.seconds_sd,
+            "drafter_failures": self.drafter_failures,
             "sd_step_share": self.sd_step_share,
             "sd_token_share": self.sd_token_share,
             "strategy_histogram": {k: dict(v) for k, v in self.strategy_histogram.items()},

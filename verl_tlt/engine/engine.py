@@ -118,6 +118,7 @@ class RolloutEngine:
         if self.drafter is not None:
             self.drafter.reset()
         self.drafter = drafter
+        self.drafter_error: str | None = None  # set when the drafter failed; speculation stays off until reset
 
     # ----- requests -----------------------------------------------------------------------------------------
 
@@ -260,25 +261,35 @@ class RolloutEngine:
     def _decode_step(self, forced: SpecStrategy | None) -> None:
         """One decode step, plain or speculative; the adaptive policy (if any) chooses and learns."""
         batch_size = len(self.running)
-        asks_policy = forced is None and self.policy is not None and self.drafter is not None
-        strategy = self.policy.select(batch_size) if asks_policy else forced
+        can_speculate = self.drafter is not None and self.drafter_error is None
+        asks_policy = forced is None and self.policy is not None and can_speculate
+        strategy = self.policy.select(batch_size) if asks_policy else (forced if can_speculate else None)
         before = sum(len(r.output_ids) for r in self.running)
         start = time.perf_counter()
+        if strategy is not None and not self._decode_speculative(strategy):
+            strategy = None  # the drafter failed: this step (and the following ones) decode plainly
         if strategy is None:
             self._decode()
-        else:
-            self._decode_speculative(strategy)
         seconds = time.perf_counter() - start
         committed = sum(len(r.output_ids) for r in self.running) - before
         if asks_policy:
             self.policy.observe(strategy, batch_size, committed, seconds)
         self.stats.record(strategy, batch_size, committed, seconds, self.policy)
 
-    def _decode_speculative(self, strategy: SpecStrategy) -> None:
-        """Draft a tree per running row, verify all nodes in one target forward, commit what is accepted."""
+    def _decode_speculative(self, strategy: SpecStrategy) -> bool:
+        """Draft a tree per running row, verify all nodes in one target forward, commit what is accepted.
+
+        Returns False, having changed nothing in the target's state, if the drafter fails: a broken drafter turns
+        speculation off (until `set_drafter`) instead of failing the requests.
+        """
         requests = self.running
         params = self._logits_params(requests)
-        tree = draft_trees(self.drafter, requests, strategy, params, self.generator, self.device)
+        try:
+            tree = draft_trees(self.drafter, requests, strategy, params, self.generator, self.device)
+        except Exception as error:
+            logger.exception("Drafter failed; this engine decodes plainly until a drafter is set again")
+            self._disable_drafter(error)
+            return False
         lens = torch.tensor(self.cache_lens, device=self.device)
         self.cache.ensure_capacity(len(requests), max(self.cache_lens) + tree.num_nodes)
         positions, write_pos, mask = tree_forward_layout(tree, lens)
@@ -304,6 +315,13 @@ class RolloutEngine:
             request.num_accepted_tokens += result.num_accepted
             if self._records_hidden:
                 request.pending_hidden.append(hidden[row, result.path])
+        return True
+
+    def _disable_drafter(self, error: Exception) -> None:
+        self.drafter_error = f"{type(error).__name__}: {error}"
+        self.stats.drafter_failures += 1
+        for request in self.running:  # whatever the drafter had consumed is gone with it
+            request.num_drafter_synced, request.pending_hidden = 0, []
 
     def _commit(self, request: Request, tokens: list[int], log_probs: list[float]) -> None:
         """Append tokens until the request finishes (EOS/stop/max inside a draft: nothing after it is kept)."""
@@ -335,7 +353,7 @@ class RolloutEngine:
 
     @property
     def _records_hidden(self) -> bool:
-        return self.drafter is not None and self.drafter.uses_hidden_states
+        return self.drafter is not None and self.drafter_error is None and self.drafter.uses_hidden_states
 
     def _forward(self, input_ids, positions, row_start, write_pos, mask) -> torch.Tensor:
         cos, sin = self.model.rotary_tables(positions, self.dtype)
