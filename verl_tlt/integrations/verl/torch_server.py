@@ -68,6 +68,7 @@ class TorchRolloutServer:
         self._work = threading.Event()
         self._engine_lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._drafter_sync = None  # created on the first update_drafter (TLT only)
 
     def init_engine(self) -> None:
         kwargs = torch_engine_kwargs(self.config)
@@ -164,6 +165,34 @@ class TorchRolloutServer:
         if global_steps is not None:
             self.global_steps = global_steps
         return loaded
+
+    # ----- TLT: drafter and speculative-decoding stats --------------------------------------------------------
+
+    def update_drafter(self, state: dict[str, torch.Tensor], version: int) -> bool:
+        """Load drafter weights `version` (no-op if already loaded); attaches the adaptive policy on first load."""
+        from verl_tlt.engine.drafter_sync import DrafterSync
+
+        with self._engine_lock:
+            if self._drafter_sync is None:
+                self._drafter_sync = DrafterSync(self.engine, self._speculative_config())
+            return self._drafter_sync.update(state, version)
+
+    def sd_stats(self, reset: bool = True) -> dict[str, Any]:
+        """The engine's plain/SD step counters since the last call (reset=True) or since start."""
+        from verl_tlt.engine.decode_stats import DecodeStats
+
+        with self._engine_lock:
+            stats = self.engine.stats.as_dict()
+            stats["drafter_error"] = self.engine.drafter_error
+            if reset:
+                self.engine.stats = DecodeStats()
+        return stats
+
+    def _speculative_config(self):
+        from verl_tlt.config import TLTConfig
+
+        custom = self.config.get("custom") or {}
+        return TLTConfig.from_dict(custom.get("tlt"), prefix="actor_rollout_ref.rollout.custom.tlt").speculative
 
     def num_in_flight(self) -> int:
         return len(self._futures)

@@ -1,0 +1,39 @@
+"""Versioned drafter updates into a running engine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from verl_tlt.config import SpeculativeConfig
+from verl_tlt.drafter.model import EagleDrafterModel
+from verl_tlt.engine import RolloutEngine, SamplingParams
+from verl_tlt.engine.drafter_sync import DrafterSync
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+PROMPTS = [[5, 6, 7], [10, 11], [12]]
+
+
+def test_versions_load_once_and_attach_drafter_and_policy(varied_qwen2):
+    engine = RolloutEngine.from_pretrained(str(varied_qwen2[0]))
+    sync = DrafterSync(engine, SpeculativeConfig(threshold=4, buckets=(1, 2)))
+    state = EagleDrafterModel.from_target(engine.model).state_dict()
+    assert sync.update(state, version=1) is True and sync.update(state, version=1) is False
+    assert engine.drafter is not None and engine.policy is not None
+    plain = RolloutEngine.from_pretrained(str(varied_qwen2[0])).generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in engine.generate(PROMPTS, GREEDY)] == [o.token_ids for o in plain]
+    assert engine.stats.steps_sd > 0  # the policy speculated with the loaded drafter
+    changed = {k: v + 0.01 for k, v in state.items()}
+    assert sync.update(changed, version=2) is True
+    assert torch.allclose(engine.drafter.model.fc.weight, changed["fc.weight"])
+
+
+def test_bad_state_and_in_flight_updates_are_refused(varied_qwen2):
+    engine = RolloutEngine.from_pretrained(str(varied_qwen2[0]))
+    sync = DrafterSync(engine)
+    with pytest.raises(ValueError, match="does not fit"):
+        sync.update({"fc.weight": torch.zeros(2, 2)}, version=1)
+    engine.add_request([1, 2], GREEDY)
+    state = EagleDrafterModel.from_target(engine.model).state_dict()
+    with pytest.raises(RuntimeError, match="in flight"):
+        sync.update(state, version=1)

@@ -1,0 +1,46 @@
+"""Loading a drafter's newest weights into a running engine (what each rollout replica does after a weight sync).
+
+Weights are versioned: the same version twice is a no-op, so the trainer can push after every step without
+knowing whether the drafter changed. The first load builds the EAGLE drafter on the engine's target (sharing its
+embedding and LM head, so target weight syncs reach the drafter too) and, if given, the adaptive policy.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from verl_tlt.config import SpeculativeConfig
+from verl_tlt.drafter.model import EagleDrafterModel
+from verl_tlt.engine.adaptive import AdaptivePolicy
+from verl_tlt.engine.eagle_drafter import EagleDrafter
+from verl_tlt.engine.engine import RolloutEngine
+
+
+class DrafterSync:
+    def __init__(self, engine: RolloutEngine, policy_config: SpeculativeConfig | None = None):
+        self.engine, self.policy_config = engine, policy_config
+        self.model: EagleDrafterModel | None = None
+        self.version: int | None = None
+
+    def update(self, state: dict[str, torch.Tensor], version: int) -> bool:
+        """Load `state` (an EagleDrafterModel state dict) as drafter `version`; False if already loaded.
+
+        Call between rollouts: the engine refuses a drafter change while requests are in flight.
+        """
+        if version == self.version:
+            return False
+        if self.engine.has_unfinished():
+            raise RuntimeError(f"Cannot load drafter version {version} while requests are in flight")
+        model = self.model or EagleDrafterModel.from_target(self.engine.model)
+        try:
+            model.load_state_dict(state, strict=True)
+        except RuntimeError as error:
+            raise ValueError(f"Drafter version {version} does not fit this target's drafter: {error}") from error
+        model.to(device=self.engine.device, dtype=self.engine.dtype)
+        self.model = model
+        # A fresh runtime drops the drafter's KV state (stale for new weights) and clears a previous failure.
+        self.engine.set_drafter(EagleDrafter(model, max_len=self.engine.cache.max_len))
+        if self.engine.policy is None and self.policy_config is not None:
+            self.engine.policy = AdaptivePolicy(self.policy_config)
+        self.version = version
+        return True
