@@ -19,9 +19,15 @@ def engine(varied_qwen2):
     engine = RolloutEngine.from_pretrained(str(varied_qwen2[0]), max_num_seqs=3)
     model = EagleDrafterModel.from_target(engine.model)
     with torch.no_grad():  # move away from the pass-through init so the fc really mixes the embedding in
-        model.fc.weight.add_(0.05 * torch.randn_like(model.fc.weight))
+        noise = torch.randn(model.fc.weight.shape, generator=torch.Generator().manual_seed(0))
+        model.fc.weight.add_(0.05 * noise)
     engine.set_drafter(EagleDrafter(model))
     return engine
+
+
+def close(actual: torch.Tensor, expected: torch.Tensor) -> bool:
+    """Equal up to float32 rounding of a differently batched computation (logits here reach ~100)."""
+    return torch.allclose(actual, expected, rtol=1e-5, atol=1e-4)
 
 
 def reference_features(model: EagleDrafterModel, tokens: list[int], hidden: torch.Tensor) -> torch.Tensor:
@@ -42,34 +48,34 @@ def test_tree_expansion_matches_recomputing_each_path(engine):
     drafter: EagleDrafter = engine.drafter
     model = drafter.model
     sequence = [3, 17, 42, 8, 60, 9]
-    hidden = torch.randn(len(sequence) - 1, model.spec.hidden_size)
+    hidden = torch.randn(len(sequence) - 1, model.spec.hidden_size, generator=torch.Generator().manual_seed(0))
     root_logits = drafter.begin([DraftContext(sequence, 0, hidden)])
     pairs_tokens = sequence[1:]
     features = reference_features(model, pairs_tokens, hidden)
-    assert torch.allclose(root_logits[0], model.logits(features[-1]), atol=1e-5)
+    assert close(root_logits[0], model.logits(features[-1]))
     # Two siblings under the root, then a child under the second sibling (depth 2) and one under the first.
     level1 = drafter.expand(torch.tensor([[1, 2]]), torch.tensor([[0, 0]]), torch.tensor([[11, 12]]))
     level2 = drafter.expand(torch.tensor([[5, 3]]), torch.tensor([[2, 1]]), torch.tensor([[13, 14]]))
     root_feature = features[-1]
     for token, logits in ((11, level1[0, 0]), (12, level1[0, 1])):
         path = reference_features(model, pairs_tokens + [token], torch.cat([hidden, root_feature[None]]))
-        assert torch.allclose(logits, model.logits(path[-1]), atol=1e-5)
+        assert close(logits, model.logits(path[-1]))
     for parent_token, token, logits in ((12, 13, level2[0, 0]), (11, 14, level2[0, 1])):
         first = reference_features(model, pairs_tokens + [parent_token], torch.cat([hidden, root_feature[None]]))
         feats = torch.cat([hidden, root_feature[None], first[-1][None]])
         path = reference_features(model, pairs_tokens + [parent_token, token], feats)
-        assert torch.allclose(logits, model.logits(path[-1]), atol=1e-5)
+        assert close(logits, model.logits(path[-1]))
 
 
 def test_incremental_begin_equals_one_shot(engine):
     drafter: EagleDrafter = engine.drafter
     sequence = list(range(3, 15))
-    hidden = torch.randn(len(sequence) - 1, drafter.model.spec.hidden_size)
+    hidden = torch.randn(len(sequence) - 1, drafter.model.spec.hidden_size, generator=torch.Generator().manual_seed(1))
     one_shot = drafter.begin([DraftContext(sequence, 0, hidden)])
     drafter.reset()
     drafter.begin([DraftContext(sequence[:5], 0, hidden[:4])])
     incremental = drafter.begin([DraftContext(sequence, 4, hidden[4:])])
-    assert torch.allclose(one_shot, incremental, atol=1e-5)
+    assert close(one_shot, incremental)
 
 
 @pytest.mark.parametrize("strategy", ["4_1_4", "3_3_8", "5_2_10"])
