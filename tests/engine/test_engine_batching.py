@@ -113,3 +113,22 @@ def test_load_weights_changes_outputs_and_rejects_unknown_names(engine):
     assert solo(engine, PROMPTS[0], params).token_ids != before
     with pytest.raises(ValueError, match="Unknown weight"):
         engine.load_weights([("model.not_a_weight", torch.zeros(1))])
+
+
+def test_small_batch_layout_follows_weight_loads(tiny_qwen2):
+    # The CPU small-batch path serves from transposed weight copies; a weight sync must refresh them.
+    path = str(tiny_qwen2[0])
+    with_layout = RolloutEngine.from_pretrained(path, small_batch_layout=True)
+    without = RolloutEngine.from_pretrained(path, small_batch_layout=False)
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    assert solo(with_layout, PROMPTS[0], params).token_ids == solo(without, PROMPTS[0], params).token_ids
+    assert with_layout.model.lm_head._by_column is not None  # the batch-1 decode used the copy
+    generator = torch.Generator().manual_seed(0)
+    update = {
+        k: v + 0.05 * torch.randn(v.shape, generator=generator) for k, v in without.model.hf_weight_views().items()
+    }
+    for engine in (with_layout, without):
+        engine.load_weights((k, v.clone()) for k, v in update.items())
+    a, b = solo(with_layout, PROMPTS[0], params), solo(without, PROMPTS[0], params)
+    assert a.token_ids == b.token_ids
+    assert torch.allclose(torch.tensor(a.log_probs), torch.tensor(b.log_probs), atol=1e-5)

@@ -33,6 +33,9 @@ from verl_tlt.spec.verify import emitted_positions, verify_tree
 
 logger = logging.getLogger(__name__)
 
+# The CPU small-batch weight layout doubles weight memory; by default only models up to this size use it.
+SMALL_BATCH_LAYOUT_MAX_BYTES = 1 << 30
+
 
 class RolloutEngine:
     def __init__(
@@ -47,6 +50,7 @@ class RolloutEngine:
         drafter: Drafter | None = None,
         max_draft_tokens: int = 64,
         policy: AdaptivePolicy | None = None,
+        small_batch_layout: bool | None = None,
     ):
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
@@ -55,6 +59,10 @@ class RolloutEngine:
         self.model = model.eval()
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
+        if small_batch_layout is None:  # auto: on CPU, when doubling the weight memory stays small
+            weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+            small_batch_layout = self.device.type == "cpu" and weight_bytes <= SMALL_BATCH_LAYOUT_MAX_BYTES
+        model.use_small_batch_layout(small_batch_layout)
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len or model.spec.max_position_embeddings

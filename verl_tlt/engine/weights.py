@@ -40,6 +40,13 @@ def load_weights(model: CausalLM, named_tensors: Iterable[tuple[str, torch.Tenso
     strict=True (initial load) also requires every parameter to be present. Unknown names always raise:
     silently skipping them would leave the rollout on stale weights.
     """
+    try:
+        return _load(model, named_tensors, strict)
+    finally:
+        model.invalidate_weight_caches()  # also after an error: some tensors may already have been overwritten
+
+
+def _load(model: CausalLM, named_tensors: Iterable[tuple[str, torch.Tensor]], strict: bool) -> int:
     params = model.hf_weight_views()
     loaded, unknown = set(), []
     with torch.no_grad():
