@@ -59,9 +59,11 @@ class RolloutEngine:
         self.model = model.eval()
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        if small_batch_layout is None:  # auto: on CPU, when doubling the weight memory stays small
+        if small_batch_layout is None:  # auto: fp32 on CPU, when doubling the weight memory stays small
             weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-            small_batch_layout = self.device.type == "cpu" and weight_bytes <= SMALL_BATCH_LAYOUT_MAX_BYTES
+            # bf16 matrix-vector products were faster in nn.Linear's own layout (`verl-tlt bench verify`, k=1 rows).
+            is_fp32_cpu = self.device.type == "cpu" and self.dtype == torch.float32
+            small_batch_layout = is_fp32_cpu and weight_bytes <= SMALL_BATCH_LAYOUT_MAX_BYTES
         model.use_small_batch_layout(small_batch_layout)
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.max_num_seqs = max_num_seqs
