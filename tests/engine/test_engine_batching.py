@@ -132,3 +132,19 @@ def test_small_batch_layout_follows_weight_loads(tiny_qwen2):
     a, b = solo(with_layout, PROMPTS[0], params), solo(without, PROMPTS[0], params)
     assert a.token_ids == b.token_ids
     assert torch.allclose(torch.tensor(a.log_probs), torch.tensor(b.log_probs), atol=1e-5)
+
+
+def test_small_batch_layout_never_serves_a_forward_that_trains():
+    from verl_tlt.engine.model import SmallBatchLinear
+
+    linear = SmallBatchLinear(8, 4)
+    linear.small_batch_layout = True
+    x = torch.randn(1, 8)
+    with torch.no_grad():
+        served = linear(x)
+    assert torch.allclose(served, torch.nn.functional.linear(x, linear.weight, linear.bias), atol=1e-6)
+    linear(x).sum().backward()  # with autograd on, the parameter path runs and gets a gradient
+    assert linear.weight.grad is not None
+    with torch.no_grad():
+        linear.weight.add_(1.0)  # an in-place update (optimizer step) must refresh the copy
+        assert torch.allclose(linear(x), torch.nn.functional.linear(x, linear.weight, linear.bias), atol=1e-6)

@@ -146,13 +146,25 @@ class SmallBatchLinear(nn.Linear):
         self._by_column = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.small_batch_layout and x.device.type == "cpu" and x.numel() // x.shape[-1] <= SMALL_BATCH_ROWS:
-            by_column = getattr(self, "_by_column", None)
-            if by_column is None:
-                by_column = self._by_column = self.weight.detach().t().contiguous()
-            out = x @ by_column
+        trains = torch.is_grad_enabled() and self.weight.requires_grad  # the copy is detached: never train through it
+        if (
+            self.small_batch_layout
+            and not trains
+            and x.device.type == "cpu"
+            and x.numel() // x.shape[-1] <= SMALL_BATCH_ROWS
+        ):
+            out = x @ self._weight_by_column()
             return out + self.bias if self.bias is not None else out
         return super().forward(x)
+
+    def _weight_by_column(self) -> torch.Tensor:
+        # In-place updates of the parameter itself (optimizer steps, load_state_dict) bump its version; writes through
+        # `.data` views (the engine's weight loads) do not, so those call invalidate() explicitly.
+        version = self.weight._version
+        cached = getattr(self, "_by_column", None)
+        if cached is None or cached[0] != version:
+            cached = self._by_column = (version, self.weight.detach().t().contiguous())
+        return cached[1]
 
 
 class Attention(nn.Module):
