@@ -23,17 +23,13 @@ class DecodeStats:
 
     def record(self, strategy: SpecStrategy | None, batch_size: int, tokens: int, seconds: float, policy=None) -> None:
         if strategy is None:
-            self.steps_plain, self.tokens_plain, self.seconds_plain = (
-                self.steps_plain + 1,
-                self.tokens_plain + tokens,
-                self.seconds_plain + seconds,
-            )
+            self.steps_plain += 1
+            self.tokens_plain += tokens
+            self.seconds_plain += seconds
         else:
-            self.steps_sd, self.tokens_sd, self.seconds_sd = (
-                self.steps_sd + 1,
-                self.tokens_sd + tokens,
-                self.seconds_sd + seconds,
-            )
+            self.steps_sd += 1
+            self.tokens_sd += tokens
+            self.seconds_sd += seconds
         bucket = policy.bucket_of(batch_size) if policy is not None else None
         label = f"bs>={bucket}" if bucket is not None else ("above_threshold" if policy is not None else "all")
         self.strategy_histogram[label]["plain" if strategy is None else strategy.name] += 1

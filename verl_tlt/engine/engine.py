@@ -73,12 +73,6 @@ class RolloutEngine:
         if max_draft_tokens < 1:
             raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
         self.max_draft_tokens = max_draft_tokens
-        self.drafter: Drafter | None = None
-        self.set_drafter(drafter)
-        # Chooses plain or SD per decode step when generate/step get no explicit strategy (needs a drafter).
-        self.policy = policy
-        self.stats = DecodeStats()
-        self._params_cache: tuple[tuple[int, ...], LogitsParams, list[Request]] | None = None
         # Draft-tree nodes are verified in scratch positions after a row's prefix, hence the extra room.
         cache_len = self.max_model_len + max_draft_tokens + 1
         self.cache = SlotKVCache(model.spec, dtype=self.dtype, device=self.device, max_len=cache_len)
@@ -88,6 +82,13 @@ class RolloutEngine:
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._aborted: set[str] = set()
+        self.drafter: Drafter | None = None
+        self.drafter_error: str | None = None  # set when the drafter failed; speculation stays off until reset
+        self.set_drafter(drafter)
+        # Chooses plain or SD per decode step when generate/step get no explicit strategy (needs a drafter).
+        self.policy = policy
+        self.stats = DecodeStats()
+        self._params_cache: tuple[tuple[int, ...], LogitsParams, list[Request]] | None = None
 
     @classmethod
     def from_pretrained(
@@ -116,7 +117,7 @@ class RolloutEngine:
 
     def set_drafter(self, drafter: Drafter | None) -> None:
         """Attach (or with None, detach) the draft model used by speculative steps, between generate calls."""
-        if getattr(self, "running", None) or getattr(self, "waiting", None):
+        if self.running or self.waiting:
             raise RuntimeError(
                 "Cannot change the drafter while requests are in flight: the new drafter has not seen their context"
             )
@@ -127,8 +128,7 @@ class RolloutEngine:
             )
         if self.drafter is not None:
             self.drafter.reset()
-        self.drafter = drafter
-        self.drafter_error: str | None = None  # set when the drafter failed; speculation stays off until reset
+        self.drafter, self.drafter_error = drafter, None
 
     # ----- requests -----------------------------------------------------------------------------------------
 
