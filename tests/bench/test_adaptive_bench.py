@@ -13,11 +13,13 @@ def test_timed_run_records_steps_per_batch_size_and_restores_the_engine(tmp_path
     engine = RolloutEngine.from_pretrained(str(tmp_path), drafter=HFModelDrafter(hf_model), max_num_seqs=8)
     prompts = [[5 + i, 6 + i] for i in range(6)]
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (2, 2, 4, 4, 9, 9)]
-    seconds, outputs, steps = timed_run(engine, prompts, params, _FixedBelowThreshold("3_1_3", threshold=2))
+    engine.generate(prompts[:1], params[:1])  # counters from an earlier run must not leak into the next one
+    seconds, outputs, steps, stats = timed_run(engine, prompts, params, _FixedBelowThreshold("3_1_3", threshold=2))
     assert seconds > 0 and [len(o.token_ids) for o in outputs] == [2, 2, 4, 4, 9, 9]
     assert set(steps) <= {6, 4, 2} and 2 in steps  # batch shrinks 6 -> 4 -> 2 as requests finish
     assert engine.policy is None and "_decode_step" not in vars(engine)  # instrumentation removed
-    assert engine.stats.steps_sd > 0 and engine.stats.steps_plain > 0  # SD only at <= 2 running
+    assert stats["steps_sd"] > 0 and stats["steps_plain"] > 0  # SD only at <= 2 running
+    assert stats["tokens_plain"] + stats["tokens_sd"] == sum(len(o.token_ids) for o in outputs) - len(prompts)
 
 
 def test_worst_above_threshold_ratio_groups_batch_sizes_and_needs_enough_steps():

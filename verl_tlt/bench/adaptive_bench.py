@@ -25,6 +25,7 @@ import torch
 from verl_tlt.config import SpeculativeConfig
 from verl_tlt.engine import RolloutEngine, SamplingParams
 from verl_tlt.engine.adaptive import AdaptivePolicy
+from verl_tlt.engine.decode_stats import DecodeStats
 from verl_tlt.spec.strategy import SpecStrategy
 
 PROBLEM_SEED = 31337
@@ -46,9 +47,11 @@ class _FixedBelowThreshold:
         return None
 
 
-def timed_run(engine: RolloutEngine, prompts, params, policy) -> tuple[float, list, dict[int, list[float]]]:
-    """Generate with `policy` attached; return wall seconds, outputs and per-batch-size decode step times."""
+def timed_run(engine: RolloutEngine, prompts, params, policy) -> tuple[float, list, dict[int, list[float]], dict]:
+    """Generate with `policy` attached; return wall seconds, outputs, per-batch-size decode step times and the
+    engine's plain/SD counters for this run alone."""
     step_times: dict[int, list[float]] = defaultdict(list)
+    engine.stats = DecodeStats()
     original = engine._decode_step
 
     def recording_step(forced):
@@ -60,7 +63,7 @@ def timed_run(engine: RolloutEngine, prompts, params, policy) -> tuple[float, li
     try:
         start = time.perf_counter()
         outputs = engine.generate(prompts, params)
-        return time.perf_counter() - start, outputs, step_times
+        return time.perf_counter() - start, outputs, step_times, engine.stats.as_dict()
     finally:
         engine.policy = None
         del engine._decode_step
@@ -101,14 +104,14 @@ def run(json_path: str | None, num_requests: int, max_tokens: int, repeats: int,
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     engine.generate(prompts[:4], params, strategy=config.strategies[0])  # warm-up
 
-    plain_s, reference, plain_steps = best_of(repeats, lambda: timed_run(engine, prompts, params, None))
+    plain_s, reference, plain_steps, _ = best_of(repeats, lambda: timed_run(engine, prompts, params, None))
     tokens = sum(len(o.token_ids) for o in reference)
     runs = {"plain": {"seconds": round(plain_s, 3), "tokens_per_s": round(tokens / plain_s, 1)}}
     print(f"{'plain':>10}: {tokens / plain_s:8.1f} tok/s ({tokens} tokens, {num_requests} requests)", flush=True)
     identical = True
     for strategy in config.strategies:
         fixed = _FixedBelowThreshold(strategy, config.threshold)
-        seconds, outputs, _ = best_of(repeats, lambda fixed=fixed: timed_run(engine, prompts, params, fixed))
+        seconds, outputs, _, _ = best_of(repeats, lambda fixed=fixed: timed_run(engine, prompts, params, fixed))
         identical &= [o.token_ids for o in outputs] == [o.token_ids for o in reference]
         runs[strategy] = {"seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 1)}
         print(f"{strategy:>10}: {tokens / seconds:8.1f} tok/s, {plain_s / seconds:.2f}x plain", flush=True)
@@ -125,9 +128,9 @@ def run(json_path: str | None, num_requests: int, max_tokens: int, repeats: int,
         policies.append(policy)
         return timed_run(engine, prompts, params, policy)
 
-    cold_s, outputs, _ = best_of(repeats, cold_run)
+    cold_s, outputs, _, _ = best_of(repeats, cold_run)
     identical &= [o.token_ids for o in outputs] == [o.token_ids for o in reference]
-    adaptive_s, outputs, adaptive_steps = best_of(repeats, warm_run)
+    adaptive_s, outputs, adaptive_steps, adaptive_stats = best_of(repeats, warm_run)
     identical &= [o.token_ids for o in outputs] == [o.token_ids for o in reference]
     runs["adaptive_cold"] = {"seconds": round(cold_s, 3), "tokens_per_s": round(tokens / cold_s, 1)}
     runs["adaptive"] = {"seconds": round(adaptive_s, 3), "tokens_per_s": round(tokens / adaptive_s, 1)}
@@ -149,7 +152,7 @@ def run(json_path: str | None, num_requests: int, max_tokens: int, repeats: int,
         "adaptive_cold_vs_plain": round(plain_s / cold_s, 3),
         "worst_above_threshold_vs_plain": worst_above_threshold_ratio(plain_steps, adaptive_steps, config.threshold),
         "outputs_identical": identical,
-        "adaptive_engine_stats": engine.stats.as_dict(),
+        "adaptive_engine_stats": adaptive_stats,
         "final_policy_state": policies[-1].state(),
     }
     print(
