@@ -8,17 +8,15 @@ the same arguments returns the existing world. A file lock serialises concurrent
 
 from __future__ import annotations
 
-import fcntl
 import inspect
 import json
 import logging
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from verl_tlt.toy.cache import exclusive_lock
 from verl_tlt.toy.dataset import write_parquet
 from verl_tlt.toy.model import build_tiny_model
 from verl_tlt.toy.task import make_problems
@@ -76,7 +74,7 @@ def build_toy_world(
         "model_kwargs": _resolve_model_kwargs(model_kwargs, seed),
     }
     world.root.mkdir(parents=True, exist_ok=True)
-    with _exclusive_lock(world.root / ".build.lock"):
+    with exclusive_lock(world.root / ".build.lock"):
         if _is_complete(world, manifest):
             logger.info("Reusing toy world at %s", world.root)
             return world
@@ -129,13 +127,3 @@ def _write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
     tmp_path = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp_path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
     os.replace(tmp_path, path)
-
-
-@contextmanager
-def _exclusive_lock(lock_path: Path) -> Iterator[None]:
-    with open(lock_path, "a") as lock_file:
-        fcntl.flock(lock_file, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock_file, fcntl.LOCK_UN)

@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import logging
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from verl_tlt.drafter.trainer import DrafterTrainConfig
+from verl_tlt.toy.cache import build_once
 from verl_tlt.toy.sft import default_cache_root, ensure_toy_target, prompt_ids
 from verl_tlt.toy.task import make_problems
-
-logger = logging.getLogger(__name__)
 
 # Bump when the warm-up recipe below changes, so stale cached drafters are not reused.
 TOY_DRAFTER_VERSION = 2
@@ -37,28 +32,24 @@ def toy_prompts(tokenizer_path: str | Path, num: int, seed: int) -> list[list[in
 
 
 def ensure_toy_drafter(cache_root: str | Path | None = None, *, seed: int = 0, num_steps: int = WARMUP_STEPS) -> Path:
-    """Path of a drafter warmed up on the cached toy target's own T=1 answers (trained once, then reused)."""
+    """Path of a drafter warmed up on the cached toy target's own greedy and T=1 answers (trained once, reused)."""
     from verl_tlt.drafter.warmup import warmup_drafter
 
     root = Path(cache_root) if cache_root is not None else default_cache_root()
     target = ensure_toy_target(root, seed=seed)
-    out = root / f"toy-drafter-v{TOY_DRAFTER_VERSION}-{target.name}-steps{num_steps}"
-    if (out / "config.json").is_file():
-        return out
-    logger.info("No cached toy drafter at %s; warming one up", out)
-    prompts = toy_prompts(target, WARMUP_PROMPTS, WARMUP_PROBLEM_SEED + seed)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=root))
-    try:
+
+    def warm_up(out_dir: Path) -> None:
+        prompts = toy_prompts(target, WARMUP_PROMPTS, WARMUP_PROBLEM_SEED + seed)
+        config = dataclasses.replace(WARMUP_CONFIG, seed=seed)
         warmup_drafter(
             str(target),
             prompts,
-            tmp / "drafter",
+            out_dir,
             num_steps=num_steps,
             temperature=WARMUP_TEMPERATURES,
             seed=seed,
-            config=dataclasses.replace(WARMUP_CONFIG, seed=seed),
+            config=config,
         )
-        os.rename(tmp / "drafter", out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+
+    entry = root / f"toy-drafter-v{TOY_DRAFTER_VERSION}-{target.name}-steps{num_steps}"
+    return build_once(entry, lambda path: (path / "config.json").is_file(), warm_up, "toy drafter")

@@ -19,15 +19,12 @@ transformers, `RolloutEngine.from_pretrained` and verl. `ensure_toy_target` trai
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import math
 import os
 import random
-import shutil
 import time
-import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -37,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
+from verl_tlt.toy.cache import build_once
 from verl_tlt.toy.model import build_tiny_model
 from verl_tlt.toy.task import (
     Problem,
@@ -319,47 +317,15 @@ def ensure_toy_target(
     `recipe` is for tests only: the folder name records the version, seed and steps, not the recipe.
     """
     root = Path(cache_root) if cache_root is not None else default_cache_root()
-    root.mkdir(parents=True, exist_ok=True)
-    target = root / target_dir_name(seed, num_steps)
-    if _is_complete(target):
-        logger.info("Reusing the toy target at %s", target)
-        return target
-    with _exclusive_lock(root / f".{target.name}.lock"):
-        if _is_complete(target):
-            logger.info("Reusing the toy target at %s (trained by another process)", target)
-            return target
-        if target.exists():
-            logger.warning("Removing incomplete toy target %s", target)
-            shutil.rmtree(target)
-        logger.info("No cached toy target at %s; training it once", target)
-        # A hidden sibling on the same filesystem (so the rename is atomic), created with the umask's mode.
-        tmp = root / f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-        try:
-            train_toy_target(tmp, seed=seed, num_steps=num_steps, recipe=recipe)
-            os.rename(tmp, target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        logger.info("Cached the toy target at %s", target)
-    return target
+
+    def train(out_dir: Path) -> None:
+        train_toy_target(out_dir, seed=seed, num_steps=num_steps, recipe=recipe)
+
+    return build_once(root / target_dir_name(seed, num_steps), _is_complete, train, "toy target")
 
 
 def _is_complete(target: Path) -> bool:
     return all((target / name).is_file() for name in (*_CHECKPOINT_FILES, TRAINING_INFO_NAME))
-
-
-class _exclusive_lock:
-    """Blocking `flock` on a lock file, held for the `with` block."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __enter__(self) -> None:
-        self.file = open(self.path, "a")  # noqa: SIM115 - closed in __exit__
-        fcntl.flock(self.file, fcntl.LOCK_EX)
-
-    def __exit__(self, *exc: object) -> None:
-        fcntl.flock(self.file, fcntl.LOCK_UN)
-        self.file.close()
 
 
 # ----- evaluation ---------------------------------------------------------------------------------------------

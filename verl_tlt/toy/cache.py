@@ -1,0 +1,54 @@
+"""Build-once caches under ~/.cache/verl-tlt (toy world, trained target, warmed-up drafter).
+
+Entries are built in a hidden sibling folder and renamed into place when complete, so a killed build never leaves
+a half-written entry, and a file lock makes concurrent callers wait for a single build.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+@contextmanager
+def exclusive_lock(lock_path: Path) -> Iterator[None]:
+    """Blocking `flock` on `lock_path` (created if missing), held for the `with` block."""
+    with open(lock_path, "a") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock_file, fcntl.LOCK_UN)
+
+
+def build_once(entry: Path, is_complete: Callable[[Path], bool], build: Callable[[Path], None], what: str) -> Path:
+    """Return `entry`, first running `build(tmp_dir)` and renaming its output into place if it is not complete."""
+    if is_complete(entry):
+        logger.info("Reusing the %s at %s", what, entry)
+        return entry
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(entry.parent / f".{entry.name}.lock"):
+        if is_complete(entry):
+            logger.info("Reusing the %s at %s (built by another process)", what, entry)
+            return entry
+        if entry.exists():
+            logger.warning("Removing incomplete %s %s", what, entry)
+            shutil.rmtree(entry)
+        logger.info("No cached %s at %s; building it once", what, entry)
+        # A hidden sibling on the same filesystem, so the rename is atomic.
+        tmp = entry.parent / f".{entry.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            build(tmp)
+            os.rename(tmp, entry)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        logger.info("Cached the %s at %s", what, entry)
+    return entry
