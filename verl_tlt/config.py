@@ -88,6 +88,63 @@ class SpeculativeConfig:
 
 
 @dataclass(frozen=True)
+class DrafterConfig:
+    """The EAGLE drafter: where it starts, how it learns online (spot training) and how often replicas get it."""
+
+    init: str = field(
+        default="target",
+        metadata={
+            "help": "Initial drafter: target (built from the target: identity fc, a copy of its last decoder layer) or "
+            "the path of an exported EAGLE drafter (verl-tlt drafter warmup output)."
+        },
+    )
+    train: bool = field(
+        default=True,
+        metadata={
+            "help": "Spot-train the drafter on idle rollout replicas during the long tail. false = keep the "
+            "initial drafter frozen (for comparisons)."
+        },
+    )
+    lr: float = field(default=3e-4, metadata={"help": "AdamW learning rate of the drafter."})
+    max_tokens_per_batch: int = field(
+        default=4096, metadata={"help": "Tokens per drafter optimizer step (packed sequences)."}
+    )
+    buffer_tokens: int = field(
+        default=262144,
+        metadata={"help": "Capacity of the drafter's data buffer in tokens; the oldest samples are dropped first."},
+    )
+    capture_tokens: int = field(
+        default=16384,
+        metadata={
+            "help": "Tokens of finished responses per RL step whose hidden states are captured for the drafter "
+            "(longest responses first)."
+        },
+    )
+    sync_every: int = field(
+        default=1, metadata={"help": "Push new drafter weights to the rollout replicas every this many RL steps."}
+    )
+    min_idle_replicas: int = field(
+        default=1,
+        metadata={"help": "Start spot training once this many rollout replicas have drained while others generate."},
+    )
+    poll_interval_s: float = field(
+        default=0.02, metadata={"help": "How often the coordinator polls the replicas' in-flight counts, seconds."}
+    )
+
+    def __post_init__(self) -> None:
+        path = f"{ROOT_KEY}.drafter"
+        for key in ("max_tokens_per_batch", "buffer_tokens", "capture_tokens", "sync_every", "min_idle_replicas"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{path}.{key} must be >= 1, got {getattr(self, key)}")
+        if not self.lr > 0:
+            raise ValueError(f"{path}.lr must be > 0, got {self.lr}; e.g. {path}.lr=3e-4")
+        if not self.poll_interval_s > 0:
+            raise ValueError(f"{path}.poll_interval_s must be > 0, got {self.poll_interval_s}")
+        if not self.init:
+            raise ValueError(f"{path}.init must be 'target' or a drafter directory, got an empty string")
+
+
+@dataclass(frozen=True)
 class TLTConfig:
     """TLT (Taming the Long-Tail): adaptive speculative rollouts and online drafter training.
 
@@ -107,6 +164,10 @@ class TLTConfig:
     speculative: SpeculativeConfig = field(
         default_factory=SpeculativeConfig,
         metadata={"help": "Adaptive speculative decoding in the rollout: threshold, buckets, strategies, bandit."},
+    )
+    drafter: DrafterConfig = field(
+        default_factory=DrafterConfig,
+        metadata={"help": "The EAGLE drafter: initial weights, online spot training, sync to the rollout replicas."},
     )
 
     @classmethod
@@ -128,17 +189,22 @@ class TLTNotAvailableError(RuntimeError):
     """``tlt.enabled=true`` was requested, but this build cannot run TLT."""
 
 
-def check_available(cfg: TLTConfig) -> None:
-    """Fail at start-up, not mid-run, when TLT is requested but not implemented yet.
+def check_available(cfg: TLTConfig, verl_config: Mapping[str, Any] | None = None) -> None:
+    """Fail at start-up, not mid-run, when TLT is requested with a setup this version cannot run.
 
-    Temporary: removed once speculative rollouts and drafter training land.
+    TLT's speculative rollouts and drafter sync are implemented for verl-tlt's torch rollout engine; the vLLM
+    path is not available yet. ``verl_config`` is the composed verl config (None: only the block is checked).
     """
-    if cfg.enabled:
+    if not cfg.enabled or verl_config is None:
+        return
+    rollout = (verl_config.get("actor_rollout_ref") or {}).get("rollout") or {}
+    name = rollout.get("name")
+    if name != "torch":
         raise TLTNotAvailableError(
-            f"{ROOT_KEY}.enabled=true, but TLT's speculative rollouts and drafter training are not "
-            "available in this version of verl-tlt yet. Run with tlt.enabled=false (the default) for "
-            "stock verl behaviour: remove tlt.enabled=true from the command line (with "
-            "python -m verl.trainer.main_ppo: replace +tlt=on by +tlt=off)."
+            f"{ROOT_KEY}.enabled=true needs verl-tlt's torch rollout engine, got actor_rollout_ref.rollout.name="
+            f"{name}. The vLLM path of TLT (speculative_config injection, drafter sync into vLLM) is not "
+            "available in this version of verl-tlt. Fix: set actor_rollout_ref.rollout.name=torch (on CPU: "
+            "+cpu=torch), or run with tlt.enabled=false (the default) for stock verl behaviour."
         )
 
 

@@ -25,7 +25,7 @@ TLT_TRAINER_MODE = "tlt_sync"
 def validate_tlt(config: DictConfig) -> TLTConfig:
     """Parse the composed config's ``tlt`` block; raises ``ValueError``/``TLTNotAvailableError`` on bad input."""
     tlt_cfg = TLTConfig.from_dict(config.get(ROOT_KEY), prefix=ROOT_KEY)
-    check_available(tlt_cfg)
+    check_available(tlt_cfg, config)
     return tlt_cfg
 
 

@@ -63,3 +63,38 @@ def samples_from_batch(
             )
         )
     return samples
+
+
+def samples_from_packed(
+    token_values: torch.Tensor,
+    hidden_values: torch.Tensor,
+    seq_offsets: Sequence[int],
+    response_masks: Sequence[torch.Tensor],
+    rows: Sequence[int],
+    step: int,
+) -> list[DrafterSample]:
+    """Drafter samples for `rows` of a packed batch (verl's jagged layout, no padding).
+
+    token_values [N] and hidden_values [N, H] hold the sequences back to back, sequence i at
+    [seq_offsets[i], seq_offsets[i + 1]); response_masks[i] covers the last len(response_masks[i]) tokens of
+    sequence i (verl's nested response_mask: 1 for generated tokens, 0 for e.g. tool output in multi-turn).
+    """
+    if hidden_values.shape[0] < token_values.shape[0]:
+        raise ValueError(f"{hidden_values.shape[0]} hidden states for {token_values.shape[0]} tokens")
+    samples = []
+    for row in rows:
+        start, end = int(seq_offsets[row]), int(seq_offsets[row + 1])
+        response = response_masks[row].bool().cpu()
+        if response.shape[0] > end - start:
+            raise ValueError(f"row {row}: response mask of {response.shape[0]} for a sequence of {end - start} tokens")
+        mask = torch.zeros(end - start, dtype=torch.bool)
+        mask[end - start - response.shape[0] :] = response
+        samples.append(
+            DrafterSample(
+                token_values[start:end].detach().to("cpu", torch.long, copy=True),
+                hidden_values[start:end].detach().to("cpu", copy=True),
+                mask,
+                step,
+            )
+        )
+    return samples

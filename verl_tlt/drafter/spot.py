@@ -78,6 +78,14 @@ class SpotTrainer:
         self._thread = None
         return self._finish()
 
+    def adopt(self, version: int, total_steps: int) -> None:
+        """Take the model's current weights as good version `version` (after loading another worker's state)."""
+        if self.is_running:
+            raise RuntimeError("Cannot adopt a drafter state while spot training runs; stop() first")
+        self.version, self.total_steps = version, total_steps
+        self._good_state = self._snapshot()
+        self.last_error = None
+
     def weights(self) -> dict[str, torch.Tensor]:
         """CPU copy of the last good (published) drafter weights."""
         return {name: tensor.clone() for name, tensor in self._good_state.items()}

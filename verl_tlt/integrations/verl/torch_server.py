@@ -17,10 +17,11 @@ from typing import Any
 import torch
 
 from verl_tlt.engine import CompletionOutput, RolloutEngine, SamplingParams
+from verl_tlt.integrations.verl.rollout_trace import RolloutTrace, append_jsonl
 
 logger = logging.getLogger(__name__)
 
-TORCH_ENGINE_KWARGS = ("num_threads", "max_num_seqs")
+TORCH_ENGINE_KWARGS = ("num_threads", "max_num_seqs", "trace_path")
 _DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -69,9 +70,13 @@ class TorchRolloutServer:
         self._engine_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._drafter_sync = None  # created on the first update_drafter (TLT only)
+        self.trace = RolloutTrace(replica_rank)
+        self.last_rollout: dict[str, Any] | None = None
+        self._trace_path: str | None = None
 
     def init_engine(self) -> None:
         kwargs = torch_engine_kwargs(self.config)
+        self._trace_path = kwargs.get("trace_path")
         torch.set_num_threads(int(kwargs.get("num_threads", 1)))
         max_model_len = self.config.max_model_len or (self.config.prompt_length + self.config.response_length)
         self.engine = RolloutEngine.from_pretrained(
@@ -115,6 +120,7 @@ class TorchRolloutServer:
         future = loop.create_future()
         internal_id = f"{request_id}#{next(self._ids)}"
         self._futures[internal_id] = (loop, future)
+        self.trace.on_submit()
         self.engine.add_request(prompt_ids, params, request_id=internal_id)
         self._work.set()
         output: CompletionOutput = await future
@@ -147,6 +153,7 @@ class TorchRolloutServer:
                     self._fail_all(error)
                     break
                 for output in finished:
+                    self.trace.on_finish(len(output.token_ids), output.stats)
                     loop, future = self._futures.pop(output.request_id)
                     loop.call_soon_threadsafe(_resolve, future, output)
 
@@ -176,6 +183,18 @@ class TorchRolloutServer:
             if self._drafter_sync is None:
                 self._drafter_sync = DrafterSync(self.engine, self._speculative_config())
             return self._drafter_sync.update(state, version)
+
+    def target_shared_weights(self) -> dict[str, torch.Tensor]:
+        """The target's embedding and LM head (transformers names), which an EAGLE drafter shares, on CPU."""
+        views = self.engine.model.hf_weight_views()
+        names = ["model.embed_tokens.weight"]
+        if not self.engine.model.spec.tie_word_embeddings:
+            names.append("lm_head.weight")
+        with self._engine_lock:
+            return {name: views[name].detach().to("cpu", copy=True) for name in names}
+
+    def drafter_version(self) -> int | None:
+        return self._drafter_sync.version if self._drafter_sync is not None else None
 
     def sd_stats(self, reset: bool = True) -> dict[str, Any]:
         """The engine's plain/SD step counters since the last call (reset=True) or since start."""
@@ -228,7 +247,18 @@ class TorchRolloutServer:
                 self.engine.release_cache()
 
     def sleep(self) -> None:
+        # The rollout phase is over when verl sleeps the replicas: close this replica's record of it.
+        record = self.trace.close({"drafter_version": self.drafter_version()})
+        if record is not None:
+            self.last_rollout = record
+            if self._trace_path:
+                append_jsonl(self._trace_path, record)
         self.release_kv_cache()
+
+    def pop_last_rollout(self) -> dict[str, Any] | None:
+        """The record of the latest finished rollout (see RolloutTrace), once."""
+        record, self.last_rollout = self.last_rollout, None
+        return record
 
     # Nothing to do on CPU: weights stay resident, the cache regrows on demand, profiling is not wired.
     def wake_up(self, tags: list[str] | None = None) -> None:

@@ -61,13 +61,21 @@ def _build_trainer_class() -> type:
     from verl.trainer.ppo.v1 import PPOTrainerSync
 
     class TLTTrainerSync(PPOTrainerSync):
-        """verl's sync PPO trainer plus TLT; with ``tlt.enabled=false`` it is exactly ``PPOTrainerSync``."""
+        """verl's sync PPO trainer plus TLT; with ``tlt.enabled=false`` it is exactly ``PPOTrainerSync``.
+
+        With TLT on, every hook runs verl's own code and adds TLT's work around it (see ``tlt_runtime``).
+        """
 
         def __init__(self, config: DictConfig) -> None:
             # Validate before the parent builds anything (replay buffer, checkpoint callback), so a bad
             # tlt block fails at construction with the config error, not later in the run.
             self.tlt_config = TLTConfig.from_dict(config.get(ROOT_KEY), prefix=ROOT_KEY)
-            check_available(self.tlt_config)
+            check_available(self.tlt_config, config)
+            self.tlt = None
+            if self.tlt_config.enabled:
+                from verl_tlt.integrations.verl.tlt_runtime import TLTRuntime
+
+                self.tlt = TLTRuntime(config, self.tlt_config)
             super().__init__(config)
 
         @property
@@ -81,9 +89,102 @@ def _build_trainer_class() -> type:
             # semantics must win, and the configured name stays readable in config.trainer.v1.
             pass
 
+        def _init_resource_pool_mgr(self) -> None:
+            super()._init_resource_pool_mgr()
+            if self.tlt is not None:
+                _use_capture_worker(self.role_worker_mapping)
+
+        def _load_checkpoint(self) -> None:
+            super()._load_checkpoint()
+            if self.tlt is not None and self.global_steps > 0:
+                self.tlt.resume_dir = _step_folder(self.config, self.global_steps)
+
+        def on_init_end(self) -> None:
+            super().on_init_end()
+            if self.tlt is not None:
+                from verl.utils.fs import copy_to_local
+
+                target = copy_to_local(self.config.actor_rollout_ref.model.path)
+                self.tlt.setup(self.llm_server_manager.get_replicas(), self.actor_rollout_wg, target)
+
+        def on_sample_begin(self) -> None:
+            super().on_sample_begin()
+            if self.tlt is not None:
+                self.tlt.on_sample_begin()
+
+        def on_sample_end(self) -> None:
+            if self.tlt is None:
+                return super().on_sample_end()
+            # Free the replicas' resources from the drafter before verl sleeps them.
+            self.tlt.before_sleep()
+            super().on_sample_end()
+            self.tlt.after_sleep()
+
+        def _compute_old_log_prob(self, batch, metrics):
+            if self.tlt is None or _bypasses_log_prob(self.config):
+                return super()._compute_old_log_prob(batch, metrics)
+            self.tlt.arm_capture(self.global_steps)
+            batch = super()._compute_old_log_prob(batch, metrics)
+            self.tlt.collect_capture()
+            return batch
+
+        def _update_actor(self, batch, metrics):
+            if self.tlt is None or not _bypasses_log_prob(self.config):
+                return super()._update_actor(batch, metrics)
+            # verl skipped the log-prob pass (rollout_correction.bypass_mode): capture on the update's forward.
+            self.tlt.arm_capture(self.global_steps)
+            batch = super()._update_actor(batch, metrics)
+            self.tlt.collect_capture()
+            return batch
+
+        def on_step_end(self) -> None:
+            super().on_step_end()
+            if self.tlt is not None:
+                self.tlt.on_step_end(self.global_steps)
+                pending = getattr(self, "_pending_sync_metrics", None) or {}
+                self._pending_sync_metrics = {**pending, **self.tlt.pop_metrics()}
+
+        def _save_checkpoint(self) -> None:
+            if self.tlt is None:
+                return super()._save_checkpoint()
+            # The drafter's asynchronous save overlaps the actor's; both finish before the step goes on.
+            self.tlt.save(_step_folder(self.config, self.global_steps))
+            try:
+                super()._save_checkpoint()
+            finally:
+                self.tlt.wait_for_save()
+
     TLTTrainerSync.__module__ = __name__
     TLTTrainerSync.__qualname__ = "TLTTrainerSync"
     return TLTTrainerSync
+
+
+def _use_capture_worker(role_worker_mapping: dict) -> None:
+    """Swap verl's hard-coded actor worker for the one with TLT's hidden-state capture."""
+    import ray
+    from verl.trainer.ppo.utils import Role
+
+    from verl_tlt.integrations.verl.capture_worker import TLTActorRolloutRefWorker
+
+    for role in (Role.ActorRolloutRef, Role.ActorRollout, Role.Actor):
+        if role in role_worker_mapping:
+            role_worker_mapping[role] = ray.remote(TLTActorRolloutRefWorker)
+            return
+    raise RuntimeError(f"TLT: no actor role among verl's workers {list(role_worker_mapping)}")
+
+
+def _bypasses_log_prob(config) -> bool:
+    correction = config.algorithm.get("rollout_correction", None)
+    return bool(correction and correction.get("bypass_mode", False))
+
+
+def _step_folder(config, step: int) -> str:
+    import os
+
+    root = config.trainer.default_local_dir
+    if not os.path.isabs(root):
+        root = os.path.join(os.getcwd(), root)
+    return os.path.join(root, f"global_step_{step}")
 
 
 def __getattr__(name: str) -> Any:

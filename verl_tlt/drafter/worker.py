@@ -1,0 +1,159 @@
+"""A drafter worker: the spot trainer of one rollout replica's resources, driven by the TLT coordinator.
+
+The TLT trainer runs one worker per rollout replica (on CPU a Ray actor beside the replica's server). All workers
+hold the same data buffer (every captured sample is sent to each of them, in the same order), but only one holds
+the authoritative drafter at a time: the last one that trained. When another replica drains first, the
+coordinator hands the training state (weights, optimizer, step counters, buffer cursor; not the samples, which the
+new worker already has) from the owner to that worker before it starts, so there is one drafter history, never a
+diverging copy per replica.
+
+Nothing here imports Ray or verl; the integration wraps this class with `ray.remote`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from verl_tlt.config import DrafterConfig
+from verl_tlt.drafter.data import DrafterSample
+from verl_tlt.drafter.model import EagleDrafterModel
+from verl_tlt.drafter.spot import SpotTrainer
+from verl_tlt.drafter.trainer import DrafterTrainConfig
+
+logger = logging.getLogger(__name__)
+
+# Test-only fault injection (how the drafter-crash test kills a worker mid-run): "exit_on_start=N" makes the
+# N-th start() of every worker end its process, as an out-of-memory kill would.
+FAULT_ENV = "VERL_TLT_DRAFTER_FAULT"
+
+
+def _target_model(target_path: str, dtype: torch.dtype):
+    from transformers import AutoConfig
+
+    from verl_tlt.engine.model import CausalLM, ModelSpec
+    from verl_tlt.engine.weights import load_weights, read_checkpoint
+
+    model = CausalLM(ModelSpec.from_hf_config(AutoConfig.from_pretrained(target_path))).to(dtype=dtype)
+    load_weights(model, read_checkpoint(target_path), strict=True)
+    model.requires_grad_(False)
+    return model
+
+
+class DrafterWorker:
+    def __init__(
+        self,
+        target_path: str,
+        config: DrafterConfig,
+        *,
+        rank: int = 0,
+        num_threads: int | None = 1,
+        dtype: torch.dtype = torch.float32,
+        seed: int = 0,
+        fault: str | None = None,
+    ):
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        self.rank, self.config = rank, config
+        self.target = _target_model(target_path, dtype)
+        if config.init == "target":
+            model = EagleDrafterModel.from_target(self.target)
+        else:
+            from verl_tlt.drafter.export import load_eagle
+
+            model = load_eagle(config.init, self.target)
+        train_config = DrafterTrainConfig(lr=config.lr, max_tokens_per_batch=config.max_tokens_per_batch, seed=seed)
+        self.spot = SpotTrainer(model, train_config, buffer_tokens=config.buffer_tokens)
+        self._fault = fault if fault is not None else os.environ.get(FAULT_ENV, "")
+        self._starts = 0
+
+    # ----- data and training -----------------------------------------------------------------------------------
+
+    def add_samples(self, samples: Iterable[DrafterSample]) -> int:
+        return self.spot.add_samples(samples)
+
+    def start(self) -> bool:
+        """Begin spot training in the background; False when already running or the buffer is empty."""
+        self._starts += 1
+        self._maybe_crash()
+        return self.spot.start()
+
+    def stop(self) -> dict[str, Any]:
+        """Preempt training (within one optimizer step) and report what this burst did."""
+        begin = time.monotonic()
+        report = self.spot.stop()
+        status = self.status()
+        status["stop_latency_s"] = time.monotonic() - begin
+        status["burst_steps"] = report.steps if report is not None else 0
+        status["burst_seconds"] = report.seconds if report is not None else 0.0
+        return status
+
+    def status(self) -> dict[str, Any]:
+        return {"rank": self.rank, **self.spot.status()}
+
+    # ----- the authoritative state -----------------------------------------------------------------------------
+
+    def weights(self) -> tuple[int, dict[str, torch.Tensor]]:
+        """(version, drafter weights) of the last good training burst."""
+        return self.spot.version, self.spot.weights()
+
+    def training_state(self) -> dict[str, Any]:
+        """Everything another worker needs to continue this drafter's training (samples excluded)."""
+        trainer = self.spot.trainer
+        return {
+            "model": self.spot.weights(),
+            "optimizer": trainer.optimizer.state_dict(),
+            "global_step": trainer.global_step,
+            "generator": trainer.generator.get_state(),
+            "buffer": trainer.buffer.state_dict(include_samples=False),
+            "version": self.spot.version,
+            "total_steps": self.spot.total_steps,
+        }
+
+    def load_training_state(self, state: dict[str, Any]) -> None:
+        trainer = self.spot.trainer
+        trainer.model.load_state_dict(state["model"])
+        trainer.optimizer.load_state_dict(state["optimizer"])
+        trainer.global_step = state["global_step"]
+        trainer.generator.set_state(state["generator"])
+        trainer.buffer.load_state_dict(state["buffer"])
+        self.spot.adopt(state["version"], state["total_steps"])
+
+    def load_weights(self, version: int, weights: dict[str, torch.Tensor]) -> None:
+        """Continue from published weights only (fresh optimizer): the fallback after the owner was lost."""
+        self.spot.trainer.model.load_state_dict(weights)
+        self.spot.adopt(version, self.spot.total_steps)
+
+    def update_target_weights(self, named_tensors: dict[str, torch.Tensor]) -> int:
+        """The policy's current embedding / LM head (shared with the drafter, frozen for it) after an RL update."""
+        from verl_tlt.engine.weights import load_weights
+
+        return load_weights(self.target, named_tensors.items(), strict=False)
+
+    # ----- checkpoints -----------------------------------------------------------------------------------------
+
+    def save(self, directory: str) -> None:
+        """Start an asynchronous, atomic checkpoint of the training state (buffer samples excluded)."""
+        self.spot.trainer.save_checkpoint(Path(directory), include_samples=False)
+
+    def wait_for_save(self) -> None:
+        self.spot.trainer.wait_for_save()
+
+    def load(self, directory: str, version: int, total_steps: int) -> None:
+        self.spot.trainer.load_checkpoint(directory)
+        self.spot.adopt(version, total_steps)
+
+    def ping(self) -> int:
+        return self.rank
+
+    def _maybe_crash(self) -> None:
+        if self._fault.startswith("exit_on_start="):
+            if self._starts == int(self._fault.split("=", 1)[1]):
+                logger.error("drafter worker %d: injected fault %r, exiting", self.rank, self._fault)
+                os._exit(1)

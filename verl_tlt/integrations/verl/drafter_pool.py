@@ -1,0 +1,197 @@
+"""The drafter workers of a TLT run (one Ray actor per rollout replica) and which of them owns the drafter.
+
+Every worker holds the same data buffer (samples are broadcast); the owner is the worker that trained last and
+holds the authoritative drafter. Starting training on another worker first hands the training state over, so the
+drafter has one history. A worker that dies or stops answering is dropped and logged; if it was the owner, the
+next worker continues from the last published weights (what the rollout replicas already run). With no workers
+left, spot training is off for the rest of the run and the replicas keep their last drafter: the RL run never
+fails because of the drafter.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import ray
+
+logger = logging.getLogger(__name__)
+
+# How long a call to a drafter worker may take before the worker is given up (a stop waits for one optimizer
+# step; a hung worker must not hang the RL step).
+CALL_TIMEOUT_S = 120.0
+
+
+class DrafterPool:
+    def __init__(self, workers: list[Any], call_timeout_s: float = CALL_TIMEOUT_S):
+        if not workers:
+            raise ValueError("DrafterPool needs at least one drafter worker")
+        self.workers = list(workers)
+        self.alive = [True] * len(workers)
+        self.owner = 0
+        self.training_on: int | None = None
+        self.call_timeout_s = call_timeout_s
+        self.failures = 0
+        self.last_error: str | None = None
+        self.published: tuple[int, dict] | None = None  # (version, weights) last read from the owner
+        self.handoff_seconds = 0.0
+        self._saving: int | None = None
+        self._lock = threading.RLock()
+
+    @property
+    def available(self) -> bool:
+        return any(self.alive)
+
+    # ----- data ------------------------------------------------------------------------------------------------
+
+    def add_samples(self, samples: list) -> None:
+        """Send the same samples, in the same order, to every live worker."""
+        if not samples:
+            return
+        with self._lock:
+            ref = ray.put(samples)
+            calls = {r: w.add_samples.remote(ref) for r, w in self._live()}
+            for rank, call in calls.items():
+                self._get(rank, call)
+
+    def update_target_weights(self, named_tensors: dict) -> None:
+        with self._lock:
+            ref = ray.put(named_tensors)
+            calls = {r: w.update_target_weights.remote(ref) for r, w in self._live()}
+            for rank, call in calls.items():
+                self._get(rank, call)
+
+    # ----- training --------------------------------------------------------------------------------------------
+
+    def start(self, idle_replicas: list[int]) -> int | None:
+        """Start spot training on the first live worker among `idle_replicas`; its rank, or None."""
+        with self._lock:
+            if self.training_on is not None:
+                return None
+            for rank in idle_replicas:
+                if not self.alive[rank]:
+                    continue
+                if rank != self.owner and not self._hand_over(rank):
+                    continue
+                started = self._get(rank, self.workers[rank].start.remote())
+                if started:
+                    self.training_on = rank
+                    return rank
+                return None
+            return None
+
+    def stop(self) -> dict | None:
+        """Preempt the running burst (within one optimizer step); the worker's status, or None."""
+        with self._lock:
+            rank, self.training_on = self.training_on, None
+            if rank is None:
+                return None
+            status = self._get(rank, self.workers[rank].stop.remote())
+            if status is not None:
+                self.owner = rank
+            return status
+
+    def status(self) -> dict | None:
+        with self._lock:
+            if not self.alive[self.owner]:
+                return None
+            return self._get(self.owner, self.workers[self.owner].status.remote())
+
+    def latest_weights(self) -> tuple[int, dict] | None:
+        """(version, weights) of the owner's last good drafter; kept as the fallback if the owner dies."""
+        with self._lock:
+            if not self.alive[self.owner]:
+                return self.published
+            result = self._get(self.owner, self.workers[self.owner].weights.remote())
+            if result is not None:
+                self.published = result
+            return self.published
+
+    # ----- checkpoints -----------------------------------------------------------------------------------------
+
+    def save(self, directory: str) -> bool:
+        """Start the owner's asynchronous checkpoint into `directory`; wait_for_save() completes it."""
+        with self._lock:
+            if not self.alive[self.owner]:
+                return False
+            self._saving = self.owner
+            return self._get(self.owner, self.workers[self.owner].save.remote(directory), ok=True)
+
+    def wait_for_save(self) -> None:
+        with self._lock:
+            rank, self._saving = self._saving, None
+            if rank is not None and self.alive[rank]:
+                self._get(rank, self.workers[rank].wait_for_save.remote(), ok=True)
+
+    def load(self, directory: str, version: int, total_steps: int) -> None:
+        """Every worker resumes from the checkpoint (so whichever trains next continues it)."""
+        with self._lock:
+            calls = {r: w.load.remote(directory, version, total_steps) for r, w in self._live()}
+            for rank, call in calls.items():
+                self._get(rank, call, ok=True)
+
+    # ----- internals -------------------------------------------------------------------------------------------
+
+    def _live(self) -> list[tuple[int, Any]]:
+        return [(r, w) for r, w in enumerate(self.workers) if self.alive[r]]
+
+    def _hand_over(self, rank: int) -> bool:
+        begin = time.monotonic()
+        if self.alive[self.owner]:
+            state = self._get(self.owner, self.workers[self.owner].training_state.remote())
+        else:
+            state = None
+        if state is not None:
+            ok = self._get(rank, self.workers[rank].load_training_state.remote(state), ok=True)
+        elif self.published is not None:  # the owner was lost: continue from what the replicas run
+            version, weights = self.published
+            ok = self._get(rank, self.workers[rank].load_weights.remote(version, weights), ok=True)
+        else:
+            ok = True  # nothing trained yet: every worker still holds the initial drafter
+        self.handoff_seconds += time.monotonic() - begin
+        if ok:
+            self.owner = rank
+        return bool(ok)
+
+    def _get(self, rank: int, call, ok: bool = False):
+        """ray.get with a timeout; a dead or hung worker is dropped (never raised). `ok`: return True on success."""
+        try:
+            result = ray.get(call, timeout=self.call_timeout_s)
+            return True if ok else result
+        except Exception as error:  # RayActorError, GetTimeoutError, an exception inside the worker
+            self._lose(rank, error)
+            return None
+
+    def _lose(self, rank: int, error: BaseException) -> None:
+        if not self.alive[rank]:
+            return
+        self.alive[rank] = False
+        self.failures += 1
+        self.last_error = f"drafter worker {rank}: {type(error).__name__}: {error}"
+        if self.training_on == rank:
+            self.training_on = None
+        fallback = (
+            f"drafter version {self.published[0]} (last published) stays in the rollout replicas"
+            if self.published is not None
+            else "the replicas keep their current drafter"
+        )
+        logger.error(
+            "TLT drafter worker %d failed (%s); dropping it, %d left. The RL run continues: %s.",
+            rank,
+            self.last_error,
+            sum(self.alive),
+            fallback,
+        )
+        try:
+            ray.kill(self.workers[rank])
+        except Exception:
+            pass
+        if rank == self.owner:
+            live = [r for r, _ in self._live()]
+            if live:
+                self.owner = live[0]
+                if self.published is not None:
+                    version, weights = self.published
+                    self._get(self.owner, self.workers[self.owner].load_weights.remote(version, weights), ok=True)

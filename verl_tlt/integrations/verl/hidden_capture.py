@@ -1,0 +1,156 @@
+"""Hidden-state capture on the actor's forward: what the drafter learns from, at the cost of a copy.
+
+verl computes the actor's log-probs over every finished rollout (`compute_log_prob`); that forward already
+produces the target's last-layer hidden states, the EAGLE drafter's training input. `HiddenStateCapture` wraps
+one training engine: when armed for a step, the next batch that goes through `infer_batch` (or, when verl skips
+that pass, `train_mini_batch`) is planned (which sequences to keep: the longest responses within the token
+budget) and, for each micro-batch, a forward hook on the model's final norm picks the kept sequences' hidden
+states and copies them to CPU as `DrafterSample`s. Nothing else changes: the forward's inputs and outputs, and
+so the log-probs, are untouched.
+
+Layouts: verl's FSDP engine runs packed sequences ([1, N] with remove-padding) or padded rows ([B, L]); both
+are handled. With Ulysses sequence parallelism each rank sees only a slice of the sequence, so capture is off.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from verl_tlt.drafter.capture import choose_rows_for_capture, samples_from_packed
+from verl_tlt.drafter.data import DrafterSample
+
+logger = logging.getLogger(__name__)
+
+
+def find_final_norm(module: torch.nn.Module) -> torch.nn.Module:
+    """The final norm of a transformers decoder-only model (its output is what the LM head reads)."""
+    inner = getattr(module, "_fsdp_wrapped_module", module)
+    for path in ("model.norm", "model.language_model.norm", "transformer.ln_f", "model.decoder.final_layer_norm"):
+        node = inner
+        for part in path.split("."):
+            node = getattr(node, part, None)
+            if node is None:
+                break
+        if isinstance(node, torch.nn.Module):
+            return node
+    raise ValueError(
+        f"Cannot find the final norm of {type(inner).__name__} (looked for model.norm and similar): hidden-state "
+        "capture for the drafter supports transformers decoder-only models such as Qwen2/Qwen3/Llama."
+    )
+
+
+def _sequence_key(tokens: torch.Tensor) -> int:
+    return hash(tuple(tokens.tolist()))
+
+
+class HiddenStateCapture:
+    def __init__(self, engine: Any, dp_size: int = 1):
+        self.engine, self.dp_size = engine, max(1, dp_size)
+        self.norm = find_final_norm(engine.module)
+        self.enabled = not getattr(engine, "use_ulysses_sp", False)
+        if not self.enabled:
+            logger.warning("TLT hidden-state capture is off: Ulysses sequence parallelism splits sequences")
+        self._forward_step = engine.forward_step
+        engine.forward_step = self._capturing_forward_step
+        self._armed: tuple[int, int] | None = None  # (RL step, token budget of this rank)
+        self._wanted: dict[int, int] = {}  # sequence key -> how many copies still to capture
+        self.samples: list[DrafterSample] = []
+        self.seconds = 0.0
+
+    def arm(self, step: int, token_budget: int) -> None:
+        """Capture from the next planned batch (this rank's share of `token_budget` tokens)."""
+        if self.enabled:
+            self._armed = (step, max(1, token_budget // self.dp_size))
+            self._wanted = {}
+
+    def wrap(self, method: Callable) -> Callable:
+        """Wrap a TrainingWorker method taking the whole batch (infer_batch/train_mini_batch): plan, then run."""
+
+        def planned(data, *args, **kwargs):
+            if self._armed is not None and not self._wanted:
+                self._plan(data)
+            try:
+                return method(data, *args, **kwargs)
+            finally:
+                self._armed, self._wanted = None, {}
+
+        return planned
+
+    def pop(self) -> tuple[list[DrafterSample], dict[str, float]]:
+        samples, self.samples = self.samples, []
+        stats = {
+            "seconds": self.seconds,
+            "samples": float(len(samples)),
+            "tokens": float(sum(s.num_tokens for s in samples)),
+        }
+        self.seconds = 0.0
+        return samples, stats
+
+    # ----- internals -------------------------------------------------------------------------------------------
+
+    def _plan(self, data) -> None:
+        begin = time.perf_counter()
+        input_ids, response_mask = data["input_ids"], data["response_mask"]
+        if not (getattr(input_ids, "is_nested", False) and getattr(response_mask, "is_nested", False)):
+            logger.warning("TLT capture expects verl's nested (no-padding) batch layout; skipping this step")
+            return
+        offsets = input_ids.offsets().tolist()
+        totals = [b - a for a, b in zip(offsets, offsets[1:], strict=False)]
+        responses = response_mask.offsets().diff().tolist()
+        rows = choose_rows_for_capture(responses, totals, self._armed[1])
+        values = input_ids.values()
+        for row in rows:
+            key = _sequence_key(values[offsets[row] : offsets[row + 1]])
+            self._wanted[key] = self._wanted.get(key, 0) + 1
+        self.seconds += time.perf_counter() - begin
+
+    def _capturing_forward_step(self, micro_batch, *args, **kwargs):
+        if self._armed is None or not self._wanted:
+            return self._forward_step(micro_batch, *args, **kwargs)
+        captured: dict[str, torch.Tensor] = {}
+
+        def hook(module, inputs, output):
+            captured["hidden"] = (output[0] if isinstance(output, tuple) else output).detach()
+
+        handle = self.norm.register_forward_hook(hook)
+        try:
+            result = self._forward_step(micro_batch, *args, **kwargs)
+        finally:
+            handle.remove()
+        begin = time.perf_counter()
+        try:
+            self._take(micro_batch, captured.get("hidden"))
+        except Exception:  # capture must never break the RL step
+            logger.exception("TLT hidden-state capture failed for a micro-batch; skipped")
+        self.seconds += time.perf_counter() - begin
+        return result
+
+    def _take(self, micro_batch, hidden: torch.Tensor | None) -> None:
+        if hidden is None:
+            return
+        input_ids, response_mask = micro_batch["input_ids"], micro_batch["response_mask"]
+        offsets = input_ids.offsets().tolist()
+        values = input_ids.values()
+        num_tokens = offsets[-1]
+        if hidden.dim() == 3 and hidden.shape[0] == 1 and hidden.shape[1] >= num_tokens:
+            packed = hidden[0, :num_tokens]  # remove-padding layout (a static pad may follow the tokens)
+        elif hidden.dim() == 3 and hidden.shape[0] == len(offsets) - 1:
+            lengths = [b - a for a, b in zip(offsets, offsets[1:], strict=False)]
+            packed = torch.cat([hidden[i, :n] for i, n in enumerate(lengths)])  # padded rows
+        else:
+            logger.warning("TLT capture: unexpected hidden-state shape %s; skipped", tuple(hidden.shape))
+            return
+        rows = []
+        for row in range(len(offsets) - 1):
+            key = _sequence_key(values[offsets[row] : offsets[row + 1]])
+            if self._wanted.get(key, 0) > 0:
+                self._wanted[key] -= 1
+                rows.append(row)
+        if rows:
+            responses = response_mask.unbind()
+            self.samples += samples_from_packed(values, packed, offsets, responses, rows, self._armed[0])

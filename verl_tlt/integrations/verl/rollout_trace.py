@@ -1,0 +1,95 @@
+"""What one rollout replica did during one rollout (from its first request to its sleep): when each response
+finished, how long it was, and how its speculative decoding went.
+
+The torch rollout server keeps one `RolloutTrace`; the TLT trainer collects the record of every replica after each
+rollout for the `tlt/tail/*` and `tlt/sd/*` metrics, and, when `engine_kwargs.torch.trace_path` is set, the server
+appends each record to that JSONL file (so a run with TLT off can be measured the same way). Wall-clock times
+(`time.time()`), so records of different processes on one machine line up.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# Summed over finished requests: speculative-decoding counters from CompletionOutput.stats.
+SD_COUNTERS = ("num_verify_steps", "num_draft_tokens", "num_accepted_tokens", "num_output_tokens")
+
+
+class RolloutTrace:
+    def __init__(self, replica_rank: int, clock: Callable[[], float] = time.time):
+        self.replica_rank, self.clock = replica_rank, clock
+        self._lock = threading.Lock()
+        self._reset()
+
+    def _reset(self) -> None:
+        self.start: float | None = None
+        self.finish_times: list[float] = []
+        self.response_tokens: list[int] = []
+        self.sd_totals = dict.fromkeys(SD_COUNTERS, 0)
+
+    def on_submit(self) -> None:
+        with self._lock:
+            if self.start is None:
+                self.start = self.clock()
+
+    def on_finish(self, num_tokens: int, stats: dict[str, int]) -> None:
+        with self._lock:
+            self.finish_times.append(self.clock())
+            self.response_tokens.append(num_tokens)
+            for key in SD_COUNTERS:
+                self.sd_totals[key] += int(stats.get(key, 0))
+
+    def close(self, extra: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """End this rollout: its record (None if nothing was submitted), and start a fresh one."""
+        with self._lock:
+            if self.start is None:
+                return None
+            record = {
+                "replica": self.replica_rank,
+                "start": self.start,
+                "closed": self.clock(),
+                "finish_times": list(self.finish_times),
+                "response_tokens": list(self.response_tokens),
+                "sd": dict(self.sd_totals),
+                **(extra or {}),
+            }
+            self._reset()
+            return record
+
+
+def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def acceptance_length(sd: dict[str, int]) -> float | None:
+    """Tokens per verify step including the bonus token; None when nothing was verified."""
+    steps = sd.get("num_verify_steps", 0)
+    return (sd.get("num_accepted_tokens", 0) + steps) / steps if steps else None
+
+
+def rollout_summary(records: list[dict[str, Any]]) -> dict[str, float]:
+    """One step's rollout across replicas: start, last finish, done (every replica closed), SD totals."""
+    records = [r for r in records if r is not None]
+    if not records:
+        return {}
+    start = min(r["start"] for r in records)
+    finishes = [t for r in records for t in r["finish_times"]]
+    sd = {key: sum(r["sd"][key] for r in records) for key in SD_COUNTERS}
+    summary = {
+        "start": start,
+        "last_finish": max(finishes) if finishes else start,
+        "num_responses": len(finishes),
+        **sd,
+    }
+    length = acceptance_length(sd)
+    if length is not None:
+        summary["acceptance_length"] = length
+    return summary

@@ -1,0 +1,241 @@
+"""Everything TLT adds to one verl training run, called from the TLT trainer's hooks.
+
+Per RL step (sync trainer, TLT on):
+1. `on_sample_begin`: the coordinator starts watching the replicas (spot training on drained ones).
+2. `on_sample_end`: training is preempted, verl sleeps the replicas, and each replica's rollout record (finish
+   times, SD counters) becomes the `tlt/tail/*` and `tlt/sd/*` metrics.
+3. Around the actor's log-prob pass: hidden states of the longest responses are captured and broadcast to the
+   drafter workers' buffers.
+4. `on_step_end` (after verl's actor -> rollout weight sync): the drafter workers get the policy's new embedding
+   and LM head, and every `tlt.drafter.sync_every` steps the newest drafter goes to every replica (versioned).
+5. Checkpoints: the owner's drafter training state is saved next to verl's and restored on resume.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from verl_tlt.config import TLTConfig
+from verl_tlt.drafter.spot_schedule import SpotSchedule
+from verl_tlt.drafter.worker import FAULT_ENV, DrafterWorker
+from verl_tlt.integrations.verl.coordinator import SpotCoordinator
+from verl_tlt.integrations.verl.drafter_pool import DrafterPool
+from verl_tlt.integrations.verl.rollout_trace import rollout_summary
+from verl_tlt.metrics.long_tail import long_tail_metrics
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_DIR = "tlt_drafter"
+META_FILE = "meta.json"
+
+
+class TLTRuntime:
+    def __init__(self, config: Any, tlt: TLTConfig):
+        self.config, self.tlt = config, tlt
+        self.metrics: dict[str, float] = {}
+        self.servers: list[Any] = []
+        self.pool: DrafterPool | None = None
+        self.coordinator: SpotCoordinator | None = None
+        self.pushed_version: int | None = None
+        self.resume_dir: Path | None = None
+
+    # ----- set-up ----------------------------------------------------------------------------------------------
+
+    def setup(self, replicas: list[Any], actor_wg: Any, target_path: str) -> None:
+        self.servers = [replica.servers[0] for replica in replicas]
+        if not self.servers or not all(hasattr(s, "update_drafter") for s in self.servers):
+            raise RuntimeError(
+                "tlt.enabled=true needs the torch rollout engine (actor_rollout_ref.rollout.name=torch, e.g. "
+                "+cpu=torch on CPU); the vLLM path of TLT is not available in this version of verl-tlt."
+            )
+        installed = actor_wg.tlt_install_capture()
+        if not any(installed):
+            raise RuntimeError("TLT could not hook the actor's forward for hidden-state capture (no actor worker)")
+        self.actor_wg = actor_wg
+        self.pool = DrafterPool(self._make_workers(target_path))
+        schedule = SpotSchedule(len(self.servers), min(self.tlt.drafter.min_idle_replicas, len(self.servers)))
+        self.coordinator = SpotCoordinator(
+            self._in_flight, self.pool, schedule, poll_interval_s=self.tlt.drafter.poll_interval_s
+        )
+        if self.resume_dir is not None:
+            self._restore(self.resume_dir)
+        self.push_drafter(force=True)
+        if len(self.servers) < 2 and self.tlt.drafter.train:
+            logger.warning(
+                "TLT: one rollout replica, so no replica ever drains while another generates: the drafter is not "
+                "spot-trained. Run two or more replicas (e.g. trainer.n_gpus_per_node=2) to train it online."
+            )
+
+    def _make_workers(self, target_path: str) -> list[Any]:
+        torch_kwargs = (self.config.actor_rollout_ref.rollout.get("engine_kwargs") or {}).get("torch") or {}
+        threads = int(torch_kwargs.get("num_threads", 1))
+        fault = os.environ.get(FAULT_ENV, "")
+        seed = int(self.config.actor_rollout_ref.rollout.get("seed", 0) or 0)
+        workers = []
+        for rank, server in enumerate(self.servers):
+            node = ray.get(server.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()))
+            worker = (
+                ray.remote(DrafterWorker)
+                .options(
+                    name=f"tlt_drafter_worker_{rank}",
+                    num_cpus=0,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
+                )
+                .remote(target_path, self.tlt.drafter, rank=rank, num_threads=threads, seed=seed, fault=fault)
+            )
+            workers.append(worker)
+        ray.get([w.ping.remote() for w in workers])
+        return workers
+
+    def _in_flight(self) -> list[int]:
+        return ray.get([s.num_in_flight.remote() for s in self.servers], timeout=60)
+
+    # ----- rollout ---------------------------------------------------------------------------------------------
+
+    def on_sample_begin(self) -> None:
+        if self.tlt.drafter.train and self.pool.available:
+            self.coordinator.begin()
+
+    def before_sleep(self) -> None:
+        if self.coordinator._thread is not None:
+            self.metrics.update(self.coordinator.finish())
+
+    def after_sleep(self) -> None:
+        records = ray.get([s.pop_last_rollout.remote() for s in self.servers])
+        stats = ray.get([s.sd_stats.remote(True) for s in self.servers])
+        self.metrics.update(rollout_metrics(records, stats))
+
+    # ----- capture ---------------------------------------------------------------------------------------------
+
+    def arm_capture(self, step: int) -> None:
+        if self.tlt.drafter.train and self.pool.available:
+            self.actor_wg.tlt_arm_capture(step, self.tlt.drafter.capture_tokens)
+
+    def collect_capture(self) -> None:
+        if not (self.tlt.drafter.train and self.pool.available):
+            return
+        begin = time.perf_counter()
+        results = self.actor_wg.tlt_pop_captured()
+        samples = [s for rank_samples, _ in results for s in rank_samples]
+        self.pool.add_samples(samples)
+        stats = [rank_stats for _, rank_stats in results if rank_stats]
+        self.metrics.update(
+            {
+                "tlt/capture/hook_s": max((s["seconds"] for s in stats), default=0.0),
+                "tlt/capture/total_s": time.perf_counter() - begin,
+                "tlt/capture/samples": float(len(samples)),
+                "tlt/capture/tokens": float(sum(s.num_tokens for s in samples)),
+            }
+        )
+
+    # ----- after the actor's weight sync -----------------------------------------------------------------------
+
+    def on_step_end(self, step: int) -> None:
+        if self.tlt.drafter.train and self.pool.available:
+            shared = ray.get(self.servers[0].target_shared_weights.remote())
+            self.pool.update_target_weights(shared)
+        if step % self.tlt.drafter.sync_every == 0:
+            self.push_drafter()
+        status = self.pool.status() or {}
+        last = status.get("last_metrics") or {}
+        self.metrics.update(
+            {
+                "tlt/drafter/version": float(self.pushed_version if self.pushed_version is not None else -1),
+                "tlt/drafter/total_steps": float(status.get("total_steps", 0)),
+                "tlt/drafter/buffer_tokens": float(status.get("buffer_tokens", 0)),
+                "tlt/drafter/workers_alive": float(sum(self.pool.alive)),
+                "tlt/drafter/worker_failures": float(self.pool.failures),
+                "tlt/drafter/handoff_s": self.pool.handoff_seconds,
+            }
+        )
+        self.pool.handoff_seconds = 0.0
+        for key in ("loss", "hidden_loss", "logit_loss", "top1_accuracy"):
+            if key in last:
+                self.metrics[f"tlt/drafter/{key}"] = float(last[key])
+
+    def push_drafter(self, force: bool = False) -> bool:
+        """Load the newest drafter into every replica if its version changed; True if it was pushed."""
+        latest = self.pool.latest_weights()
+        if latest is None:
+            return False
+        version, weights = latest
+        if version == self.pushed_version and not force:
+            return False
+        ref = ray.put(weights)
+        ray.get([s.update_drafter.remote(ref, version) for s in self.servers])
+        self.pushed_version = version
+        return True
+
+    def pop_metrics(self) -> dict[str, float]:
+        metrics, self.metrics = self.metrics, {}
+        return metrics
+
+    # ----- checkpoints -----------------------------------------------------------------------------------------
+
+    def save(self, step_folder: str) -> None:
+        folder = Path(step_folder) / CHECKPOINT_DIR
+        status = self.pool.status()
+        if status is None or not self.pool.save(str(folder / "trainer")):
+            logger.warning("TLT: no live drafter worker, the drafter is not saved with step folder %s", step_folder)
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        meta = {"version": status["version"], "total_steps": status["total_steps"]}
+        (folder / META_FILE).write_text(json.dumps(meta))
+
+    def wait_for_save(self) -> None:
+        self.pool.wait_for_save()
+
+    def _restore(self, step_folder: Path) -> None:
+        folder = step_folder / CHECKPOINT_DIR
+        meta_path = folder / META_FILE
+        if not meta_path.exists():
+            logger.warning(
+                "TLT: resuming from %s, which has no drafter checkpoint (%s); the drafter restarts from "
+                "tlt.drafter.init=%s",
+                step_folder,
+                folder,
+                self.tlt.drafter.init,
+            )
+            return
+        meta = json.loads(meta_path.read_text())
+        self.pool.load(str(folder / "trainer"), meta["version"], meta["total_steps"])
+        logger.info("TLT: drafter version %d restored from %s", meta["version"], folder)
+
+
+def rollout_metrics(records: list[dict | None], stats: list[dict]) -> dict[str, float]:
+    """`tlt/tail/*`, `tlt/rollout/*` and `tlt/sd/*` for one rollout from every replica's record and counters."""
+    records = [r for r in records if r is not None]
+    metrics: dict[str, float] = {}
+    summary = rollout_summary(records)
+    if summary:
+        start = summary["start"]
+        finishes = [t - start for r in records for t in r["finish_times"]]
+        lengths = [n for r in records for n in r["response_tokens"]]
+        metrics.update(long_tail_metrics(finishes, lengths))
+        metrics["tlt/rollout/time_s"] = summary["last_finish"] - start
+        metrics["tlt/tail/extension_s"] = min(r["closed"] for r in records) - summary["last_finish"]
+        if "acceptance_length" in summary:
+            metrics["tlt/sd/acceptance_length"] = summary["acceptance_length"]
+    steps_sd = sum(s.get("steps_sd", 0) for s in stats)
+    steps_all = steps_sd + sum(s.get("steps_plain", 0) for s in stats)
+    tokens_sd = sum(s.get("tokens_sd", 0) for s in stats)
+    tokens_all = tokens_sd + sum(s.get("tokens_plain", 0) for s in stats)
+    metrics["tlt/sd/step_share"] = steps_sd / steps_all if steps_all else 0.0
+    metrics["tlt/sd/token_share"] = tokens_sd / tokens_all if tokens_all else 0.0
+    metrics["tlt/sd/drafter_failures"] = float(sum(s.get("drafter_failures", 0) for s in stats))
+    mix: dict[str, int] = {}
+    for s in stats:
+        for counts in (s.get("strategy_histogram") or {}).values():
+            for name, n in counts.items():
+                mix[name] = mix.get(name, 0) + n
+    for name, n in mix.items():
+        metrics[f"tlt/sd/strategy/{name}"] = n / steps_all if steps_all else 0.0
+    return metrics
