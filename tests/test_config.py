@@ -214,14 +214,19 @@ def test_format_value_quotes_strings_yaml_would_misread():
 
 def test_check_available_passes_when_disabled():
     check_available(TLTConfig())
+    check_available(TLTConfig(), {"actor_rollout_ref": {"rollout": {"name": "vllm"}}})
 
 
-def test_check_available_refuses_enabled_with_the_fix():
+def test_check_available_accepts_the_torch_rollout():
+    check_available(TLTConfig(enabled=True), {"actor_rollout_ref": {"rollout": {"name": "torch"}}})
+
+
+def test_check_available_refuses_vllm_with_the_fix():
     with pytest.raises(TLTNotAvailableError) as e:
-        check_available(TLTConfig(enabled=True))
+        check_available(TLTConfig(enabled=True), {"actor_rollout_ref": {"rollout": {"name": "vllm"}}})
     msg = _message(e)
-    assert "not available in this version" in msg
-    assert "tlt.enabled=false (the default)" in msg and "stock verl behaviour" in msg
+    assert "actor_rollout_ref.rollout.name=vllm" in msg and "not available in this version" in msg
+    assert "set actor_rollout_ref.rollout.name=torch" in msg and "tlt.enabled=false (the default)" in msg
     assert isinstance(e.value, RuntimeError)
 
 

@@ -136,8 +136,8 @@ def test_wrapper_main_enabled_switches_sync_to_tlt_sync(monkeypatch):
 
     calls = []
     monkeypatch.setattr(verl_main_ppo, "run_ppo", lambda config, task_runner_class: calls.append(config))
-    monkeypatch.setattr(main_ppo, "check_available", lambda cfg: None)  # stand-in for a build with TLT
-    main_ppo.main(_compose(WRAPPER_MODULE, WRAPPER_CONFIG, _runnable(["tlt.enabled=true"])))
+    overrides = _runnable(["tlt.enabled=true", "actor_rollout_ref.rollout.name=torch"])
+    main_ppo.main(_compose(WRAPPER_MODULE, WRAPPER_CONFIG, overrides))
     assert calls[0].trainer.v1.trainer_mode == "tlt_sync"
 
 
@@ -166,11 +166,12 @@ def test_wrapper_cli_unknown_key_fails_with_clear_message_before_ray(tmp_path):
 
 
 @pytest.mark.slow
-def test_wrapper_cli_enabled_fails_not_available_before_ray(tmp_path):
+def test_wrapper_cli_enabled_without_the_torch_rollout_fails_before_ray(tmp_path):
     proc = _run_module(["-m", "verl_tlt.main_ppo", "tlt.enabled=true"], cwd=tmp_path)
     assert proc.returncode != 0
     assert "TLTNotAvailableError" in proc.stderr
-    assert "Run with tlt.enabled=false (the default)" in proc.stderr
+    assert "needs verl-tlt's torch rollout engine, got actor_rollout_ref.rollout.name=<not set>" in proc.stderr
+    assert "Fix: set actor_rollout_ref.rollout.name=torch" in proc.stderr
 
 
 # ---------------------------------------------------------------- stock entry point + SearchPathPlugin

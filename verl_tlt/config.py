@@ -200,9 +200,10 @@ def check_available(cfg: TLTConfig, verl_config: Mapping[str, Any] | None = None
     rollout = (verl_config.get("actor_rollout_ref") or {}).get("rollout") or {}
     name = rollout.get("name")
     if name != "torch":
+        shown = name if name is not None else "<not set>"
         raise TLTNotAvailableError(
             f"{ROOT_KEY}.enabled=true needs verl-tlt's torch rollout engine, got actor_rollout_ref.rollout.name="
-            f"{name}. The vLLM path of TLT (speculative_config injection, drafter sync into vLLM) is not "
+            f"{shown}. The vLLM path of TLT (speculative_config injection, drafter sync into vLLM) is not "
             "available in this version of verl-tlt. Fix: set actor_rollout_ref.rollout.name=torch (on CPU: "
             "+cpu=torch), or run with tlt.enabled=false (the default) for stock verl behaviour."
         )

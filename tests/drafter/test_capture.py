@@ -1,11 +1,11 @@
-"""Capture: long responses first within a token budget; padded verl rows become aligned samples."""
+"""Capture: long responses first within a token budget; padded and packed verl rows become aligned samples."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from verl_tlt.drafter.capture import choose_rows_for_capture, samples_from_batch
+from verl_tlt.drafter.capture import choose_rows_for_capture, samples_from_batch, samples_from_packed
 
 
 def test_longest_responses_are_captured_first_within_the_budget():
@@ -32,3 +32,45 @@ def test_samples_from_a_padded_batch_keep_tokens_and_hidden_states_together():
     assert second.token_ids.tolist() == [13, 14, 15, 23] and second.step == 7
     assert second.hidden_states[:, 0].tolist() == [13, 14, 15, 23]
     assert second.response_mask.tolist() == [False, False, False, True]
+
+
+def packed_batch():
+    """Three sequences back to back (5, 3 and 4 tokens); each hidden state holds its token id, twice."""
+    token_values = torch.tensor([11, 12, 13, 21, 22, 31, 32, 33, 41, 42, 43, 44])
+    offsets = [0, 5, 8, 12]
+    hidden = token_values.float().unsqueeze(-1).repeat(1, 2)
+    # Response suffixes: 2 generated tokens; 1 token; 3 tokens of which the middle one is tool output.
+    responses = [torch.tensor([1, 1]), torch.tensor([1]), torch.tensor([1, 0, 1])]
+    return token_values, hidden, offsets, responses
+
+
+def test_samples_from_a_packed_batch_cut_each_sequence_and_place_the_response_mask_at_its_end():
+    token_values, hidden, offsets, responses = packed_batch()
+    first, third = samples_from_packed(token_values, hidden, offsets, responses, rows=[0, 2], step=4)
+    assert first.token_ids.tolist() == [11, 12, 13, 21, 22] and first.step == 4
+    assert first.hidden_states[:, 1].tolist() == [11, 12, 13, 21, 22]
+    assert first.response_mask.tolist() == [False, False, False, True, True]
+    assert third.token_ids.tolist() == [41, 42, 43, 44]
+    assert third.hidden_states[:, 0].tolist() == [41, 42, 43, 44]
+    assert third.response_mask.tolist() == [False, True, False, True]
+    assert samples_from_packed(token_values, hidden, offsets, responses, rows=[], step=0) == []
+
+
+def test_packed_samples_are_long_cpu_copies_and_a_static_pad_after_the_tokens_is_ignored():
+    token_values, hidden, offsets, responses = packed_batch()
+    padded_hidden = torch.cat([hidden, torch.full((3, 2), -1.0)])  # e.g. padding for sequence parallelism
+    (middle,) = samples_from_packed(token_values.int(), padded_hidden, offsets, responses, rows=[1], step=0)
+    assert middle.token_ids.dtype == torch.long and middle.token_ids.tolist() == [31, 32, 33]
+    assert middle.hidden_states[:, 0].tolist() == [31, 32, 33]
+    assert middle.response_mask.tolist() == [False, False, True]
+    padded_hidden.zero_()  # the sample does not share memory with the batch
+    assert middle.hidden_states[:, 0].tolist() == [31, 32, 33]
+
+
+def test_packed_capture_rejects_inconsistent_input():
+    token_values, hidden, offsets, responses = packed_batch()
+    with pytest.raises(ValueError, match="11 hidden states for 12 tokens"):
+        samples_from_packed(token_values, hidden[:-1], offsets, responses, rows=[0], step=0)
+    too_long = [responses[0], torch.ones(4), responses[2]]
+    with pytest.raises(ValueError, match="row 1: response mask of 4 for a sequence of 3 tokens"):
+        samples_from_packed(token_values, hidden, offsets, too_long, rows=[1], step=0)

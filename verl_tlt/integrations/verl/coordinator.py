@@ -10,6 +10,7 @@ thread, preempts a burst that is still running and returns the step's `tlt/spot/
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -17,6 +18,8 @@ from collections.abc import Callable, Sequence
 from verl_tlt.drafter.spot_schedule import SpotSchedule
 
 logger = logging.getLogger(__name__)
+# Like verl's own modules: INFO unless VERL_LOGGING_LEVEL says otherwise, so TLT's progress shows in the run log.
+logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
 
 
 class SpotCoordinator:

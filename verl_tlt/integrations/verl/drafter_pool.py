@@ -11,6 +11,7 @@ fails because of the drafter.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -18,6 +19,8 @@ from typing import Any
 import ray
 
 logger = logging.getLogger(__name__)
+# Like verl's own modules: INFO unless VERL_LOGGING_LEVEL says otherwise, so TLT's progress shows in the run log.
+logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
 
 # How long a call to a drafter worker may take before the worker is given up (a stop waits for one optimizer
 # step; a hung worker must not hang the RL step).

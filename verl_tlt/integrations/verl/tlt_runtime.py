@@ -32,6 +32,8 @@ from verl_tlt.integrations.verl.rollout_trace import rollout_summary
 from verl_tlt.metrics.long_tail import long_tail_metrics
 
 logger = logging.getLogger(__name__)
+# Like verl's own modules: INFO unless VERL_LOGGING_LEVEL says otherwise, so TLT's progress shows in the run log.
+logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
 
 CHECKPOINT_DIR = "tlt_drafter"
 META_FILE = "meta.json"

@@ -12,6 +12,8 @@ Importing this module is cheap: verl is imported only inside :func:`register_tra
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 from typing import Any
 
 from verl_tlt.config import ROOT_KEY, TLTConfig, check_available
@@ -97,7 +99,7 @@ def _build_trainer_class() -> type:
         def _load_checkpoint(self) -> None:
             super()._load_checkpoint()
             if self.tlt is not None and self.global_steps > 0:
-                self.tlt.resume_dir = _step_folder(self.config, self.global_steps)
+                self.tlt.resume_dir = Path(_resumed_folder(self.config, self.global_steps))
 
         def on_init_end(self) -> None:
             super().on_init_end()
@@ -179,12 +181,19 @@ def _bypasses_log_prob(config) -> bool:
 
 
 def _step_folder(config, step: int) -> str:
-    import os
-
+    """verl's checkpoint folder of `step` (relative default_local_dir is taken from the working directory)."""
     root = config.trainer.default_local_dir
     if not os.path.isabs(root):
         root = os.path.join(os.getcwd(), root)
     return os.path.join(root, f"global_step_{step}")
+
+
+def _resumed_folder(config, step: int) -> str:
+    """The folder verl's _load_checkpoint resumed from (resume_mode auto or resume_path)."""
+    if config.trainer.resume_mode == "resume_path":
+        folder = config.trainer.resume_from_path
+        return folder if os.path.isabs(folder) else os.path.join(os.getcwd(), folder)
+    return _step_folder(config, step)
 
 
 def __getattr__(name: str) -> Any:

@@ -1,0 +1,305 @@
+"""Drafter worker: one drafter history across workers (handoff), versions, target sync, checkpoints, faults."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import pytest
+import torch
+
+from verl_tlt.config import DrafterConfig
+from verl_tlt.drafter import worker as worker_module
+from verl_tlt.drafter.data import DrafterSample
+from verl_tlt.drafter.export import export_eagle
+from verl_tlt.drafter.trainer import CHECKPOINT_FILE, drafter_forward
+from verl_tlt.drafter.worker import FAULT_ENV, DrafterWorker
+from verl_tlt.engine.model import sequence_hidden_states
+
+# Two 24-token samples per 64-token batch: successive steps see different samples, so the buffer cursor matters.
+CONFIG = DrafterConfig(lr=1e-3, max_tokens_per_batch=64)
+
+
+def make_worker(path, config: DrafterConfig = CONFIG, **kwargs) -> DrafterWorker:
+    # num_threads=None: leave the test process's torch thread count alone.
+    return DrafterWorker(str(path), config, num_threads=None, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def samples(varied_qwen2) -> list[DrafterSample]:
+    """Five samples of the target's own hidden states (prompt = first 4 tokens)."""
+    target = make_worker(varied_qwen2[0]).target
+    generator = torch.Generator().manual_seed(1)
+    out = []
+    for length in (24, 20, 24, 18, 22):
+        ids = torch.randint(3, target.spec.vocab_size, (length,), generator=generator)
+        out.append(DrafterSample(ids, sequence_hidden_states(target, ids.tolist()), torch.arange(length) >= 4))
+    return out
+
+
+@pytest.fixture()
+def fed(varied_qwen2, samples):
+    """A factory of workers that already hold the shared samples (added in the same order, as the pool does)."""
+
+    def build(**kwargs) -> DrafterWorker:
+        worker = make_worker(varied_qwen2[0], **kwargs)
+        assert worker.add_samples(samples) == len(samples)
+        return worker
+
+    return build
+
+
+def burst(worker: DrafterWorker, steps: int) -> dict:
+    """A deterministic spot burst: exactly `steps` optimizer steps, then the worker's stop()."""
+    assert worker.spot.start(max_steps=steps)
+    deadline = time.monotonic() + 60
+    while worker.spot.is_running:
+        assert time.monotonic() < deadline, "spot training did not reach max_steps"
+        time.sleep(0.002)
+    status = worker.stop()
+    assert status["burst_steps"] == steps and status["last_error"] is None
+    return status
+
+
+def transferred(value):
+    """What a Ray call does to an argument: a serialised copy, sharing no tensor with the sender."""
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=False)
+
+
+def model_state(worker: DrafterWorker) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in worker.spot.trainer.model.state_dict().items()}
+
+
+def assert_same_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+def assert_same_optimizer(a: DrafterWorker, b: DrafterWorker) -> None:
+    sa, sb = a.spot.trainer.optimizer.state_dict(), b.spot.trainer.optimizer.state_dict()
+    assert sa["state"].keys() == sb["state"].keys() and len(sa["state"]) > 0
+    for param_id, state in sa["state"].items():
+        for key, value in state.items():
+            assert torch.equal(value, sb["state"][param_id][key]), (param_id, key)
+
+
+def differs(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return any(not torch.equal(a[k], b[k]) for k in a)
+
+
+# ----- handoff ---------------------------------------------------------------------------------------------------
+
+
+def test_handoff_continues_the_owners_history_exactly(fed):
+    owner, successor, control = fed(), fed(), fed()
+    burst(owner, 3)
+    state = owner.training_state()
+    assert "samples" not in state["buffer"]  # the successor already holds the samples
+    assert state["version"] == 1 and state["total_steps"] == 3 and state["global_step"] == 3
+
+    successor.load_training_state(transferred(state))
+    assert successor.weights()[0] == 1 and successor.status()["total_steps"] == 3
+    assert successor.spot.trainer.buffer.times_used == owner.spot.trainer.buffer.times_used
+
+    # What k more steps on the owner give, the successor gives too: weights, optimizer, cursor, version.
+    successor.spot.start(max_steps=2)  # started through the spot trainer, as the pool's start() would
+    while successor.spot.is_running:
+        time.sleep(0.002)
+    successor.stop()
+    burst(owner, 2)
+    assert_same_tensors(model_state(owner), model_state(successor))
+    assert_same_optimizer(owner, successor)
+    assert successor.spot.trainer.global_step == owner.spot.trainer.global_step == 5
+    assert successor.spot.trainer.buffer.times_used == owner.spot.trainer.buffer.times_used
+    assert successor.weights()[0] == owner.weights()[0] == 2
+    assert successor.status()["total_steps"] == owner.status()["total_steps"] == 5
+
+    # Control: the same 2 steps without the handoff give a different drafter (the comparison can fail).
+    burst(control, 2)
+    assert differs(model_state(owner), model_state(control))
+
+
+def test_handoff_then_trainer_train_matches_the_owner_training_itself(fed):
+    owner, successor = fed(), fed()
+    burst(owner, 2)
+    successor.load_training_state(transferred(owner.training_state()))
+    report_successor = successor.spot.trainer.train(max_steps=3)
+    report_owner = owner.spot.trainer.train(max_steps=3)
+    assert report_owner.steps == report_successor.steps == 3
+    assert report_owner.last_metrics == report_successor.last_metrics
+    assert_same_tensors(model_state(owner), model_state(successor))
+
+
+# ----- versions and weights --------------------------------------------------------------------------------------
+
+
+def test_weights_are_the_published_version_and_a_burst_with_steps_bumps_it(fed):
+    worker = fed(rank=3)
+    version, initial = worker.weights()
+    assert version == 0
+    assert_same_tensors(initial, model_state(worker))
+
+    status = burst(worker, 2)
+    assert status["rank"] == 3 and status["version"] == 1 and status["total_steps"] == 2
+    assert status["running"] is False and status["stop_latency_s"] >= 0.0 and status["burst_seconds"] > 0.0
+    version, trained = worker.weights()
+    assert version == 1 and differs(initial, trained)
+    assert_same_tensors(trained, model_state(worker))
+
+    # weights() is a copy: changing it does not touch the published drafter.
+    next(iter(trained.values())).add_(1.0)
+    assert_same_tensors(worker.weights()[1], model_state(worker))
+
+
+def test_a_burst_without_steps_keeps_the_version(fed, varied_qwen2):
+    worker = fed()
+    assert worker.spot.start(max_steps=0)
+    while worker.spot.is_running:
+        time.sleep(0.002)
+    assert worker.stop()["burst_steps"] == 0 and worker.weights()[0] == 0
+
+    empty = make_worker(varied_qwen2[0])
+    assert empty.start() is False  # nothing to train on
+    status = empty.stop()
+    assert status["burst_steps"] == 0 and status["burst_seconds"] == 0.0 and empty.weights()[0] == 0
+
+
+def test_load_weights_adopts_the_published_version_without_optimizer_state(fed):
+    owner, fallback = fed(), fed()
+    burst(owner, 2)
+    burst(owner, 1)
+    version, weights = owner.weights()
+    assert version == 2
+
+    fallback.load_weights(version, transferred(weights))
+    assert fallback.weights()[0] == 2
+    assert_same_tensors(fallback.weights()[1], weights)
+    assert fallback.status()["total_steps"] == 0  # its own count: the owner's optimizer history is not carried
+    assert len(fallback.spot.trainer.optimizer.state) == 0
+    burst(fallback, 1)
+    assert fallback.weights()[0] == 3
+
+
+def test_update_target_weights_changes_the_drafters_logits_and_inputs(fed, samples):
+    worker = fed()
+    burst(worker, 1)  # the initial fc ignores the embedding half ([0 | I]); one step makes it matter
+    drafter = worker.spot.trainer.model
+    batch = worker.spot.trainer.buffer.next_batch(64)
+    before_features = drafter_forward(drafter, batch, batch.input_hidden).detach()
+    drafter_weights = model_state(worker)
+
+    generator = torch.Generator().manual_seed(5)
+    embedding = torch.randn(tuple(worker.target.lm_head.weight.shape), generator=generator)
+    loaded = worker.update_target_weights({"model.embed_tokens.weight": embedding, "lm_head.weight": embedding})
+    assert loaded == 2
+
+    features = torch.randn(1, 3, drafter.spec.hidden_size, generator=generator)
+    assert torch.allclose(drafter.logits(features), features @ embedding.T, atol=1e-5)
+    after_features = drafter_forward(drafter, batch, batch.input_hidden).detach()
+    assert not torch.allclose(before_features, after_features)  # the shared embedding feeds the drafter's fc
+    # Only the frozen target parts changed: the drafter's own weights and version did not.
+    assert_same_tensors(drafter_weights, model_state(worker))
+    assert worker.weights()[0] == 1
+
+    with pytest.raises(ValueError, match="Unknown weight name"):
+        worker.update_target_weights({"model.no_such.weight": embedding})
+
+
+# ----- checkpoints -----------------------------------------------------------------------------------------------
+
+
+def test_save_and_load_restore_weights_optimizer_and_version(fed, tmp_path):
+    owner, restored = fed(), fed()
+    burst(owner, 3)
+    owner.save(str(tmp_path / "ckpt"))
+    owner.wait_for_save()
+    assert (tmp_path / "ckpt" / CHECKPOINT_FILE).is_file()
+    saved = torch.load(tmp_path / "ckpt" / CHECKPOINT_FILE, weights_only=False)
+    assert "samples" not in saved["buffer"]
+
+    restored.load(str(tmp_path / "ckpt"), version=1, total_steps=3)
+    assert restored.weights()[0] == 1 and restored.status()["total_steps"] == 3
+    assert_same_tensors(restored.weights()[1], owner.weights()[1])
+    assert_same_optimizer(owner, restored)
+    assert restored.spot.trainer.global_step == 3
+    assert restored.spot.trainer.buffer.times_used == owner.spot.trainer.buffer.times_used
+
+    burst(owner, 2)
+    burst(restored, 2)
+    assert_same_tensors(model_state(owner), model_state(restored))
+    assert restored.weights()[0] == owner.weights()[0] == 2
+
+
+def test_load_of_a_missing_checkpoint_raises(fed, tmp_path):
+    with pytest.raises(FileNotFoundError, match="No drafter trainer checkpoint"):
+        fed().load(str(tmp_path / "nothing"), version=1, total_steps=1)
+
+
+def test_init_from_an_exported_drafter_loads_its_weights(varied_qwen2, tmp_path):
+    source = make_worker(varied_qwen2[0])
+    drafter = source.spot.trainer.model
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for param in drafter.parameters():
+            param.add_(0.05 * torch.randn_like(param))
+    export_eagle(drafter, tmp_path / "eagle")
+    expected = model_state(source)
+
+    worker = make_worker(varied_qwen2[0], DrafterConfig(init=str(tmp_path / "eagle")))
+    assert worker.weights()[0] == 0
+    assert_same_tensors(worker.weights()[1], expected)
+    assert worker.spot.trainer.model.target is worker.target  # attached to this worker's (updatable) target
+    assert differs(expected, model_state(make_worker(varied_qwen2[0])))  # not what init=target gives
+
+
+# ----- fault injection -------------------------------------------------------------------------------------------
+
+
+class InjectedExit(Exception):
+    pass
+
+
+@pytest.fixture()
+def exits(monkeypatch) -> list[int]:
+    codes: list[int] = []
+
+    def fake_exit(code: int) -> None:
+        codes.append(code)
+        raise InjectedExit(code)
+
+    monkeypatch.setattr(worker_module.os, "_exit", fake_exit)
+    return codes
+
+
+def test_exit_on_start_fault_ends_the_process_on_that_start_only(fed, exits):
+    worker = fed(fault="exit_on_start=2")
+    assert worker.start() is True
+    worker.stop()
+    with pytest.raises(InjectedExit):
+        worker.start()
+    assert exits == [1] and not worker.spot.is_running  # it exits before training starts
+    assert worker.start() is True  # a 3rd start is fine
+    worker.stop()
+    assert exits == [1]
+
+
+def test_the_fault_comes_from_the_environment_unless_given(fed, exits, monkeypatch):
+    monkeypatch.setenv(FAULT_ENV, "exit_on_start=1")
+    with pytest.raises(InjectedExit):
+        fed().start()
+    explicit = fed(fault="")
+    assert explicit.start() is True  # an explicit empty fault overrides the environment
+    explicit.stop()
+    monkeypatch.delenv(FAULT_ENV)
+    unset = fed()
+    assert unset.start() is True
+    unset.stop()
+    assert exits == [1]
+
+
+def test_ping_reports_the_rank(varied_qwen2):
+    assert make_worker(varied_qwen2[0], rank=5).ping() == 5

@@ -1,0 +1,199 @@
+"""Rollout records: per-replica finish times and SD counters, their summary, and the tlt/tail|rollout|sd metrics."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from verl_tlt.integrations.verl.rollout_trace import (
+    SD_COUNTERS,
+    RolloutTrace,
+    acceptance_length,
+    append_jsonl,
+    rollout_summary,
+)
+from verl_tlt.integrations.verl.tlt_runtime import rollout_metrics
+
+
+class FakeClock:
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def sd(verify: int = 0, draft: int = 0, accepted: int = 0, output: int = 0) -> dict[str, int]:
+    return dict(zip(SD_COUNTERS, (verify, draft, accepted, output), strict=True))
+
+
+# ----- RolloutTrace ----------------------------------------------------------------------------------------------
+
+
+def test_the_record_starts_at_the_first_submit_and_lists_every_finish():
+    clock = FakeClock(10.0)
+    trace = RolloutTrace(replica_rank=2, clock=clock)
+    trace.on_submit()
+    clock.now = 11.0
+    trace.on_submit()  # later submits do not move the start
+    clock.now = 12.5
+    trace.on_finish(40, {"num_verify_steps": 3, "num_accepted_tokens": 5, "num_output_tokens": 40, "other": 9})
+    clock.now = 14.0
+    trace.on_finish(7, {})
+    clock.now = 15.0
+    record = trace.close({"drafter_version": 3})
+    assert record == {
+        "replica": 2,
+        "start": 10.0,
+        "closed": 15.0,
+        "finish_times": [12.5, 14.0],
+        "response_tokens": [40, 7],
+        "sd": sd(verify=3, accepted=5, output=40),
+        "drafter_version": 3,
+    }
+
+
+def test_sd_counters_are_summed_over_finished_requests():
+    trace = RolloutTrace(0, clock=FakeClock())
+    trace.on_submit()
+    trace.on_finish(10, sd(verify=2, draft=8, accepted=3, output=10))
+    trace.on_finish(20, sd(verify=5, draft=20, accepted=9, output=20))
+    assert trace.close()["sd"] == sd(verify=7, draft=28, accepted=12, output=30)
+
+
+def test_close_without_submits_is_none_and_close_starts_a_fresh_record():
+    clock = FakeClock(1.0)
+    trace = RolloutTrace(0, clock=clock)
+    assert trace.close() is None
+    trace.on_submit()
+    trace.on_finish(5, sd(verify=1, accepted=1))
+    assert trace.close()["finish_times"] == [1.0]
+    assert trace.close() is None  # the previous rollout is gone
+    clock.now = 50.0
+    trace.on_submit()
+    clock.now = 52.0
+    trace.on_finish(3, {})
+    record = trace.close()
+    assert record["start"] == 50.0 and record["finish_times"] == [52.0] and record["response_tokens"] == [3]
+    assert record["sd"] == sd()
+
+
+def test_the_default_clock_is_wall_time():
+    trace = RolloutTrace(0)
+    trace.on_submit()
+    record = trace.close()
+    assert 1.6e9 < record["start"] <= record["closed"]  # time.time(), comparable across processes
+
+
+# ----- summaries -------------------------------------------------------------------------------------------------
+
+
+def test_acceptance_length_counts_the_bonus_token():
+    assert acceptance_length(sd(verify=4, accepted=6)) == 2.5  # (6 accepted + 4 bonus) / 4 verify steps
+    assert acceptance_length(sd(verify=2)) == 1.0
+    assert acceptance_length(sd(accepted=3)) is None
+    assert acceptance_length({}) is None
+
+
+def record(replica, start, closed, finishes, tokens, counters) -> dict:
+    return {
+        "replica": replica,
+        "start": start,
+        "closed": closed,
+        "finish_times": finishes,
+        "response_tokens": tokens,
+        "sd": counters,
+    }
+
+
+RECORDS = [
+    record(0, 100.0, 112.0, [101.0, 103.0, 110.0], [10, 30, 200], sd(verify=10, draft=40, accepted=20, output=30)),
+    None,  # a replica that got no request this rollout
+    record(1, 100.5, 111.0, [102.0, 104.0], [20, 40], sd(output=60)),
+]
+
+
+def test_rollout_summary_spans_all_replicas():
+    assert rollout_summary(RECORDS) == {
+        "start": 100.0,
+        "last_finish": 110.0,
+        "num_responses": 5,
+        "num_verify_steps": 10,
+        "num_draft_tokens": 40,
+        "num_accepted_tokens": 20,
+        "num_output_tokens": 90,
+        "acceptance_length": 3.0,
+    }
+
+
+def test_rollout_summary_of_nothing_and_of_records_without_finishes():
+    assert rollout_summary([]) == {} and rollout_summary([None, None]) == {}
+    summary = rollout_summary([record(0, 7.0, 9.0, [], [], sd())])
+    assert summary == {"start": 7.0, "last_finish": 7.0, "num_responses": 0, **sd()}  # no acceptance_length
+
+
+def test_append_jsonl_creates_the_directory_and_appends_one_line_per_record(tmp_path):
+    path = tmp_path / "traces" / "deep" / "rollouts.jsonl"
+    first = record(0, 1.0, 2.0, [1.5], [4], sd(verify=1))
+    append_jsonl(path, first)
+    append_jsonl(str(path), {"replica": 1, "extra": [1, 2]})
+    lines = path.read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [first, {"replica": 1, "extra": [1, 2]}]
+
+
+# ----- rollout_metrics -------------------------------------------------------------------------------------------
+
+
+STATS = [
+    {
+        "steps_sd": 6,
+        "steps_plain": 4,
+        "tokens_sd": 30,
+        "tokens_plain": 10,
+        "drafter_failures": 1,
+        "strategy_histogram": {"1": {"8_4_16": 4, "4_1_4": 1}, "2": {"4_1_4": 1}},
+    },
+    {"steps_plain": 10, "tokens_plain": 20, "strategy_histogram": None},
+]
+
+
+def test_rollout_metrics_from_records_and_sd_stats():
+    metrics = rollout_metrics(RECORDS, STATS)
+    # Finish times since the rollout start (100.0): 1, 3, 10, 2, 4; lengths 10, 30, 200, 20, 40.
+    assert metrics == pytest.approx(
+        {
+            "tlt/tail/time_to_50pct_s": 3.0,
+            "tlt/tail/time_to_90pct_s": 10.0,
+            "tlt/tail/time_to_100pct_s": 10.0,
+            "tlt/tail/last_10pct_share": 0.0,
+            "tlt/tail/response_len_p50": 30.0,
+            "tlt/tail/response_len_p90": 200.0,
+            "tlt/tail/response_len_max": 200.0,
+            "tlt/rollout/time_s": 10.0,  # start to last finish
+            "tlt/tail/extension_s": 1.0,  # first replica closed (111.0) minus the last finish (110.0)
+            "tlt/sd/acceptance_length": 3.0,  # (20 accepted + 10 bonus) / 10 verify steps
+            "tlt/sd/step_share": 0.3,  # 6 SD steps of 20
+            "tlt/sd/token_share": 0.5,  # 30 SD tokens of 60
+            "tlt/sd/drafter_failures": 1.0,
+            "tlt/sd/strategy/8_4_16": 0.2,  # 4 of 20 steps
+            "tlt/sd/strategy/4_1_4": 0.1,  # 1 + 1 over both buckets
+        },
+        abs=1e-12,
+    )
+
+
+def test_rollout_metrics_without_speculation_has_no_acceptance_length():
+    records = [record(0, 0.0, 5.0, [1.0, 2.0, 4.0, 4.5], [1, 2, 3, 4], sd(output=10))]
+    metrics = rollout_metrics(records, [{"steps_plain": 8, "tokens_plain": 10}])
+    assert "tlt/sd/acceptance_length" not in metrics
+    assert metrics["tlt/sd/step_share"] == 0.0 and metrics["tlt/sd/token_share"] == 0.0
+    assert metrics["tlt/rollout/time_s"] == 4.5 and metrics["tlt/tail/extension_s"] == 0.5
+    assert metrics["tlt/tail/last_10pct_share"] == pytest.approx(0.0)
+    assert not any(key.startswith("tlt/sd/strategy/") for key in metrics)
+
+
+def test_rollout_metrics_of_an_empty_rollout_are_zero_sd_shares_only():
+    expected = {"tlt/sd/step_share": 0.0, "tlt/sd/token_share": 0.0, "tlt/sd/drafter_failures": 0.0}
+    assert rollout_metrics([], []) == expected
+    assert rollout_metrics([None, None], [{}, {}]) == expected

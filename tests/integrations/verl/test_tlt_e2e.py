@@ -1,0 +1,181 @@
+"""TLT through a real verl run on CPU: lossless, measured, resumable, and robust to a dying drafter worker.
+
+Every job is a real `python -m verl_tlt.main_ppo` run (two rollout replicas, the SFT toy target, a few steps)
+under a hard timeout. The drafter starts from the target (tlt.drafter.init=target), so nothing but the toy
+target needs to be built.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+
+from verl_tlt.quickstart import toy_grpo_overrides
+from verl_tlt.toy.build import build_toy_world
+from verl_tlt.toy.sft import ensure_toy_target
+from verl_tlt.verl_job import read_rollouts, run_verl_job
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+ENTRY = "verl_tlt.main_ppo"
+JOB_TIMEOUT_S = 420
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    return build_toy_world(tmp_path_factory.mktemp("toy-world"), num_train=128, num_val=8)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return ensure_toy_target()
+
+
+def overrides(world, target, *, steps: int, greedy: bool, tlt: bool, extra: list[str] = ()) -> list[str]:
+    result = toy_grpo_overrides(
+        world, steps=steps, batch_size=16, group_size=1, max_response_length=128, lr=1e-3, model_dir=target
+    )
+    result += [
+        # REINFORCE++ learns from single greedy samples (GRPO's group baseline would zero them), so the policy
+        # really moves between steps while the rollouts stay deterministic.
+        "algorithm.adv_estimator=reinforce_plus_plus",
+        "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+    ]
+    if greedy:
+        result.append("actor_rollout_ref.rollout.top_k=1")
+    if tlt:
+        result += ["tlt.enabled=true", "tlt.drafter.init=target"]
+    return result + list(extra)
+
+
+def responses_by_step(result) -> dict[int, list[tuple[str, str]]]:
+    return {
+        m["step"]: sorted((r["input"], r["output"]) for r in read_rollouts(result.rollout_dump_dir, m["step"]))
+        for m in result.metrics
+    }
+
+
+def tlt_metrics(metrics: dict) -> dict[str, float]:
+    return {k: v for k, v in metrics.items() if k.startswith("tlt/")}
+
+
+def test_greedy_rollouts_are_identical_with_tlt_on_and_off(world, target, tmp_path):
+    off = run_verl_job(
+        overrides(world, target, steps=3, greedy=True, tlt=False),
+        tmp_path / "off",
+        timeout_s=JOB_TIMEOUT_S,
+        entry_module=ENTRY,
+    )
+    on = run_verl_job(
+        overrides(world, target, steps=3, greedy=True, tlt=True),
+        tmp_path / "on",
+        timeout_s=JOB_TIMEOUT_S,
+        entry_module=ENTRY,
+    )
+
+    assert [m["step"] for m in on.metrics] == [1, 2, 3]
+    off_responses, on_responses = responses_by_step(off), responses_by_step(on)
+    for step in (1, 2, 3):
+        assert len(on_responses[step]) == 16
+        assert on_responses[step] == off_responses[step], f"step {step}: TLT changed a greedy rollout"
+    # The policy moved (so identical rollouts at steps 2-3 mean TLT followed the updated weights exactly).
+    assert all(m["actor/grad_norm"] > 0 for m in on.metrics)
+    assert on.metrics[0]["actor/entropy"] != on.metrics[-1]["actor/entropy"]
+    assert not any(k.startswith("tlt/") for m in off.metrics for k in m), "TLT off must log nothing of TLT"
+
+    for m in on.metrics:
+        tlt = tlt_metrics(m)
+        assert all(math.isfinite(v) for v in tlt.values()), tlt
+        for key in (
+            "tlt/sd/acceptance_length",
+            "tlt/sd/step_share",
+            "tlt/tail/time_to_90pct_s",
+            "tlt/tail/response_len_p90",
+            "tlt/rollout/time_s",
+            "tlt/tail/extension_s",
+            "tlt/spot/idle_replica_s",
+            "tlt/spot/idle_share_used",
+            "tlt/capture/samples",
+            "tlt/capture/hook_s",
+            "tlt/drafter/version",
+        ):
+            assert key in tlt, f"step {m['step']}: missing {key}"
+        assert tlt["tlt/sd/step_share"] > 0 and tlt["tlt/sd/acceptance_length"] >= 1.0
+        assert tlt["tlt/capture/samples"] > 0
+    # Captured at step 1, trained while a replica idled in step 2's rollout, pushed after step 2.
+    last = tlt_metrics(on.metrics[-1])
+    assert last["tlt/drafter/total_steps"] >= 1 and last["tlt/drafter/version"] >= 1
+    assert any(tlt_metrics(m)["tlt/spot/trained_replica_s"] > 0 for m in on.metrics)
+
+
+def test_sampled_rewards_agree_with_tlt_on_and_off(world, target, tmp_path):
+    off = run_verl_job(
+        overrides(world, target, steps=3, greedy=False, tlt=False),
+        tmp_path / "off",
+        timeout_s=JOB_TIMEOUT_S,
+        entry_module=ENTRY,
+    )
+    on = run_verl_job(
+        overrides(world, target, steps=3, greedy=False, tlt=True),
+        tmp_path / "on",
+        timeout_s=JOB_TIMEOUT_S,
+        entry_module=ENTRY,
+    )
+
+    def scores(result) -> list[float]:
+        return [r["score"] for m in result.metrics for r in read_rollouts(result.rollout_dump_dir, m["step"])]
+
+    off_scores, on_scores = scores(off), scores(on)
+    assert len(off_scores) == len(on_scores) == 48
+    # Different random streams, same distribution: the means differ by less than 4 standard errors.
+    stderr = math.sqrt(statistics.variance(off_scores) / 48 + statistics.variance(on_scores) / 48)
+    assert abs(statistics.mean(on_scores) - statistics.mean(off_scores)) < 4 * max(stderr, 1e-3)
+    assert all(m["training/rollout_probs_diff_max"] < 1e-4 for m in on.metrics), "SD log-probs must be the target's"
+
+
+def test_resume_continues_the_drafter(world, target, tmp_path):
+    first = run_verl_job(
+        overrides(world, target, steps=2, greedy=True, tlt=True, extra=["trainer.save_freq=1"]),
+        tmp_path,
+        timeout_s=JOB_TIMEOUT_S,
+        entry_module=ENTRY,
+    )
+    saved = tlt_metrics(first.metrics[-1])
+    drafter_dir = tmp_path / "checkpoints" / "global_step_2" / "tlt_drafter"
+    assert (drafter_dir / "meta.json").is_file() and (drafter_dir / "trainer" / "drafter_trainer.pt").is_file()
+
+    second = run_verl_job(
+        overrides(world, target, steps=3, greedy=True, tlt=True, extra=["trainer.save_freq=-1"]),
+        tmp_path,
+        timeout_s=JOB_TIMEOUT_S,
+        entry_module=ENTRY,
+    )
+    assert [m["step"] for m in second.metrics] == [3]
+    log = second.log_path.read_text(errors="replace")
+    assert f"drafter version {int(saved['tlt/drafter/version'])} restored" in log
+    resumed = tlt_metrics(second.metrics[0])
+    assert resumed["tlt/drafter/version"] >= saved["tlt/drafter/version"]
+    assert resumed["tlt/drafter/total_steps"] >= saved["tlt/drafter/total_steps"]
+
+
+def test_a_crashing_drafter_worker_does_not_stop_the_run(world, target, tmp_path):
+    result = run_verl_job(
+        overrides(world, target, steps=3, greedy=True, tlt=True),
+        tmp_path,
+        timeout_s=JOB_TIMEOUT_S,
+        entry_module=ENTRY,
+        env={"VERL_TLT_DRAFTER_FAULT": "exit_on_start=1"},
+    )
+    assert [m["step"] for m in result.metrics] == [1, 2, 3]
+    log = result.log_path.read_text(errors="replace")
+    assert "TLT drafter worker" in log and "The RL run continues" in log
+    last = tlt_metrics(result.metrics[-1])
+    assert last["tlt/drafter/worker_failures"] >= 1
+    assert last["tlt/drafter/workers_alive"] <= 1
+    # The replicas keep speculating with the drafter they had.
+    assert all(tlt_metrics(m)["tlt/sd/step_share"] > 0 for m in result.metrics)
