@@ -128,6 +128,7 @@ class DrafterWorker:
     def load_weights(self, version: int, weights: dict[str, torch.Tensor]) -> None:
         """Continue from published weights only (fresh optimizer): the fallback after the owner was lost."""
         self.spot.trainer.model.load_state_dict(weights)
+        self.spot.trainer.optimizer.state.clear()  # moments of this worker's older weights do not fit these
         self.spot.adopt(version, self.spot.total_steps)
 
     def update_target_weights(self, named_tensors: dict[str, torch.Tensor]) -> int:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import statistics
-from pathlib import Path
 
 import pytest
 
