@@ -1,10 +1,14 @@
-"""The CPU quickstart: build the toy world, run a few verl GRPO steps with the torch rollout, summarise them.
+"""The CPU quickstart: the same verl GRPO run on the toy world three times, without TLT, with TLT, and with TLT
+but a frozen drafter, and a comparison of the three.
 
 `recipes/quickstart_cpu.sh` runs this (after setting up the virtualenv); `verl-tlt quickstart` is the same.
-The actor starts from the SFT toy target (`verl_tlt.toy.sft`), which writes the response format but solves only
-part of the problems, so the reward has room to rise; it is trained once (a few CPU minutes) and cached.
-Writes `outputs/quickstart/summary.json` with one row per step: wall time, rollout time, response-length
-percentiles (tokens, from verl's rollout dumps) and mean reward.
+- The actor starts from an SFT toy target that writes both solution styles of the task (standard, and 10% of
+  its SFT data compact) and the reward prefers the compact one (`toy.reward.compute_score_concise`), so RL moves
+  the policy towards a style the drafter rarely saw: the policy drifts, as a reasoning model's does in RL.
+- The drafter starts from a warm-up on the initial target's own answers (`verl-tlt drafter warmup`, cached).
+- Two rollout replicas of one CPU core each, so a replica that drains frees a core for spot training.
+Writes `outputs/quickstart/summary.json` (per-step rows of every run and the headline ratios) and
+`outputs/quickstart/comparison.png`; target and drafter are trained once (a few CPU minutes) and cached.
 """
 
 from __future__ import annotations
@@ -13,14 +17,23 @@ import argparse
 import json
 import logging
 import os
-import statistics
 from pathlib import Path
 
-from verl_tlt.verl_job import JobResult, read_rollouts, run_verl_job
+from verl_tlt.quickstart_summary import format_table, headline, read_trace, step_rows
+from verl_tlt.verl_job import read_rollouts, run_verl_job
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_CACHE = Path(os.environ.get("VERL_TLT_CACHE", Path.home() / ".cache" / "verl-tlt"))
+# Share of compact-style examples in the quickstart target's SFT data (see verl_tlt.toy.task).
+COMPACT_SHARE = 0.1
+# The three runs: name -> extra overrides (the drafter path is filled in at run time).
+RUNS = {
+    "baseline": ["tlt.enabled=false"],
+    "tlt": ["tlt.enabled=true", "tlt.drafter.train=true"],
+    "frozen": ["tlt.enabled=true", "tlt.drafter.train=false"],
+}
+TRACE_FILE = "rollout_trace.jsonl"
 
 
 def toy_grpo_overrides(
@@ -88,76 +101,18 @@ def check_same_tokenizer(world_model_dir: Path, actor_dir: Path) -> None:
         )
 
 
-def percentile(values: list[int], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return float(ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))])
-
-
-def summarize(result: JobResult, tokenizer) -> list[dict]:
-    """One row per step from verl's metrics and rollout dumps."""
-    rows = []
-    for metrics in result.metrics:
-        step = metrics["step"]
-        # verl dumps decoded text without special tokens; +1 counts the EOS a finished response ends with.
-        lengths = [
-            len(tokenizer.encode(s["output"], add_special_tokens=False))
-            for s in read_rollouts(result.rollout_dump_dir, step)
-        ]
-        rows.append(
-            {
-                "step": step,
-                "wall_time_s": round(metrics.get("timing_s/step", float("nan")), 3),
-                "rollout_time_s": round(metrics.get("timing_s/gen", float("nan")), 3),
-                "response_tokens_p50": percentile(lengths, 0.5),
-                "response_tokens_p90": percentile(lengths, 0.9),
-                "response_tokens_max": float(max(lengths)) if lengths else float("nan"),
-                "reward_mean": round(metrics.get("critic/score/mean", float("nan")), 4),
-                "grad_norm": round(metrics.get("actor/grad_norm", float("nan")), 4),
-                "rollout_probs_diff_max": metrics.get("training/rollout_probs_diff_max"),
-            }
-        )
-    return rows
-
-
-def format_table(rows: list[dict]) -> str:
-    header = f"{'step':>4} {'wall s':>7} {'rollout s':>9} {'len p50':>7} {'len p90':>7} {'len max':>7} {'reward':>7}"
-    lines = [header, "-" * len(header)]
-    for r in rows:
-        lines.append(
-            f"{r['step']:>4} {r['wall_time_s']:>7.2f} {r['rollout_time_s']:>9.2f} "
-            f"{r['response_tokens_p50']:>7.0f} {r['response_tokens_p90']:>7.0f} "
-            f"{r['response_tokens_max']:>7.0f} {r['reward_mean']:>7.3f}"
-        )
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="verl-tlt quickstart", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="outputs/quickstart", help="output directory (summary.json, logs)")
-    parser.add_argument(
-        "--cache", default=str(DEFAULT_CACHE), help="where the toy world and the SFT toy target are built and reused"
-    )
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--batch-size", type=int, default=8, help="prompts per step")
-    parser.add_argument("--group-size", type=int, default=4, help="GRPO samples per prompt (rollout.n)")
-    parser.add_argument("--max-response-length", type=int, default=256)
-    parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--timeout", type=float, default=900, help="hard limit for the verl job, seconds")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="[quickstart] %(message)s")
-
+def run_comparison(args: argparse.Namespace) -> dict:
     from verl_tlt.toy.build import build_toy_world
+    from verl_tlt.toy.drafter import ensure_toy_drafter
     from verl_tlt.toy.sft import ensure_toy_target
-    from verl_tlt.toy.tokenizer import build_tokenizer
 
     world = build_toy_world(Path(args.cache) / "toy-world")
     logger.info("toy world: %s", world.root)
-    target = ensure_toy_target(args.cache)
+    target = ensure_toy_target(args.cache, compact_share=COMPACT_SHARE)
     check_same_tokenizer(world.model_dir, target)
-    logger.info("actor: SFT toy target %s", target)
-    overrides = toy_grpo_overrides(
+    drafter = ensure_toy_drafter(args.cache, compact_share=COMPACT_SHARE)
+    logger.info("actor: toy target %s; drafter warmed up on it: %s", target, drafter)
+    common = toy_grpo_overrides(
         world,
         steps=args.steps,
         batch_size=args.batch_size,
@@ -166,19 +121,84 @@ def main(argv: list[str] | None = None) -> int:
         lr=args.lr,
         model_dir=target,
     )
-    result = run_verl_job(overrides, args.out, timeout_s=args.timeout)
-    rows = summarize(result, build_tokenizer())
-    summary = {
-        "job": "toy GRPO on CPU, torch rollout",
-        "wall_s": round(result.wall_s, 1),
-        "steps": rows,
-        "overrides": overrides,
+    common += [
+        "reward.custom_reward_function.name=compute_score_concise",
+        f"trainer.n_gpus_per_node={args.replicas}",
+        f"tlt.drafter.init={drafter}",
+    ]
+    out = Path(args.out)
+    runs, wall = {}, {}
+    for name, extra in RUNS.items():
+        run_dir = (out / name).resolve()
+        (run_dir / TRACE_FILE).unlink(missing_ok=True)
+        trace = f"+actor_rollout_ref.rollout.engine_kwargs.torch.trace_path={run_dir / TRACE_FILE}"
+        logger.info("run %s", name)
+        result = run_verl_job(
+            [*common, *extra, trace], run_dir, timeout_s=args.timeout, entry_module="verl_tlt.main_ppo"
+        )
+        rollouts = {m["step"]: read_rollouts(result.rollout_dump_dir, m["step"]) for m in result.metrics}
+        runs[name] = step_rows(result.metrics, read_trace(run_dir / TRACE_FILE), rollouts)
+        wall[name] = round(result.wall_s, 1)
+    return {
+        "job": "toy GRPO on CPU, torch rollout, 2 replicas: baseline vs TLT vs TLT with a frozen drafter",
+        **headline(runs),
+        "wall_s": wall,
+        "runs": runs,
+        "overrides": common,
     }
-    out = Path(args.out) / "summary.json"
-    out.write_text(json.dumps(summary, indent=2))
-    print(format_table(rows))
-    print(
-        f"\nverl job: {result.wall_s:.0f} s wall (incl. Ray/verl start-up); "
-        f"mean step {statistics.mean(r['wall_time_s'] for r in rows):.2f} s. Summary: {out}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="verl-tlt quickstart", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="outputs/quickstart", help="output directory (summary.json, plot, logs)")
+    parser.add_argument(
+        "--cache", default=str(DEFAULT_CACHE), help="where the toy world, target and drafter are built and reused"
     )
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--batch-size", type=int, default=16, help="prompts per step")
+    parser.add_argument("--group-size", type=int, default=8, help="GRPO samples per prompt (rollout.n)")
+    parser.add_argument("--max-response-length", type=int, default=256)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--replicas", type=int, default=2, help="rollout replicas (one CPU core each)")
+    parser.add_argument("--timeout", type=float, default=1200, help="hard limit per verl job, seconds")
+    parser.add_argument("--no-plot", action="store_true", help="skip comparison.png (no matplotlib needed)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[quickstart] %(message)s")
+
+    summary = run_comparison(args)
+    out = Path(args.out)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(format_table(summary["runs"]))
+    if not args.no_plot:
+        from verl_tlt.quickstart_plot import plot_comparison
+
+        print(f"plot: {plot_comparison(summary['runs'], out / 'comparison.png')}")
+    _print_headline(summary)
+    print(f"summary: {out / 'summary.json'}")
     return 0
+
+
+def _print_headline(summary: dict) -> None:
+    def show(value):
+        return "n/a" if value is None else f"{value:.2f}"
+
+    tail = summary["tail_extension_s"]
+    print(
+        f"\nacceptance length, mean of the last 3 steps: online {show(summary['acceptance_online_last3'])} vs "
+        f"frozen {show(summary['acceptance_frozen_last3'])} "
+        f"(ratio {show(summary['acceptance_ratio_online_vs_frozen'])}; frozen at step 1: "
+        f"{show(summary['acceptance_frozen_first'])})"
+    )
+    print(
+        f"rollout time TLT / baseline: {show(summary['rollout_time_ratio_tlt_vs_baseline'])} "
+        f"(server-measured, all steps); step time TLT / baseline: {show(summary['step_time_ratio_tlt_vs_baseline'])}"
+    )
+    print(
+        f"tail extension (last response -> replicas asleep), mean: baseline {show(tail['baseline_mean'])} s, "
+        f"TLT {show(tail['tlt_mean'])} s; spot training ran on after the last response for at most "
+        f"{show(tail['tlt_spot_overrun_max'])} s (one drafter step: {show(tail['drafter_step_s_max'])} s)"
+    )
+    print(
+        f"idle replica-seconds {summary['idle_replica_s']:.1f}, of which used for drafter training "
+        f"{100 * summary['idle_share_used_for_training']:.0f}%; wall time per run: {summary['wall_s']}"
+    )

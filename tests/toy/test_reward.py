@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from verl_tlt.toy import reward
-from verl_tlt.toy.task import Problem, score, solution_steps, solution_text
+from verl_tlt.toy.task import COMPACT, Problem, score, solution_steps, solution_text
 
 
 def test_compute_score_uses_extra_info_for_partial_credit():
@@ -38,3 +38,15 @@ def test_reward_file_loads_by_path_without_heavy_imports():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_concise_reward_keeps_full_score_only_for_the_compact_style():
+    problem = Problem.from_nd(20, 3)
+    extra_info = {"n": 20, "d": 3}
+    standard, compact = solution_text(problem), solution_text(problem, COMPACT)
+    assert reward.compute_score_concise("toy/csub", compact, "2", extra_info) == 1.0
+    assert reward.compute_score_concise("toy/csub", standard, "2", extra_info) == reward.VERBOSE_REWARD_FACTOR
+    wrong = " ".join(solution_steps(problem)[:3]) + " 1 - 3 < 0 ; # 1"
+    assert reward.compute_score_concise("toy/csub", wrong, "2", extra_info) == pytest.approx(
+        reward.VERBOSE_REWARD_FACTOR * score(wrong, "2", problem)
+    )

@@ -7,8 +7,10 @@ import random
 import pytest
 
 from verl_tlt.toy.task import (
+    COMPACT,
     MAX_STEPS,
     PARTIAL_CREDIT_MAX,
+    STANDARD,
     Problem,
     length_stats,
     make_problems,
@@ -17,6 +19,7 @@ from verl_tlt.toy.task import (
     parse_prompt,
     prompt_text,
     response_num_tokens,
+    response_style,
     sample_problem,
     score,
     solution_steps,
@@ -130,3 +133,27 @@ def test_longest_possible_response_fits_in_1024_tokens():
     longest = max(response_num_tokens(Problem.from_nd(MAX_STEPS * d + d - 1, d)) for d in range(2, 10))
     assert longest == 947
     assert response_num_tokens(Problem.from_nd(11, 4)) == len("11-4=7;7-4=3;3-4<0;#3") + 1
+
+
+def test_compact_style_follows_the_documented_format_and_scores_one(problems):
+    problem = Problem.from_nd(11, 4)
+    assert solution_text(problem, COMPACT) == "11 , 7 , 3 < 4 ; # 3"
+    assert len(solution_steps(problem, COMPACT)) == problem.num_steps + 1
+    assert response_style(solution_text(problem, COMPACT)) == COMPACT
+    assert response_style(solution_text(problem)) == STANDARD
+    assert response_style("11 , 7 - 4 = 3 ; # 3") is None  # mixing the styles is not well formed
+    for p in problems[:200]:
+        compact = solution_text(p, COMPACT)
+        assert parse_answer(compact) == p.answer and score(compact, p.answer, p) == 1.0
+        assert response_num_tokens(p, COMPACT) < response_num_tokens(p)
+    with pytest.raises(ValueError, match="unknown csub solution style"):
+        solution_steps(problem, "terse")
+
+
+def test_partial_credit_follows_whichever_style_the_response_uses():
+    problem = Problem.from_nd(20, 3)  # 6 steps + the final one
+    compact_prefix = " ".join(solution_steps(problem, COMPACT)[:3]) + " 1 < 3 ; # 1"
+    standard_prefix = " ".join(solution_steps(problem)[:3]) + " 1 - 3 < 0 ; # 1"
+    assert num_correct_leading_steps(compact_prefix, problem) == 3
+    assert num_correct_leading_steps(standard_prefix, problem) == 3
+    assert score(compact_prefix, "2", problem) == score(standard_prefix, "2", problem) == PARTIAL_CREDIT_MAX * 3 / 7

@@ -26,7 +26,7 @@ import os
 import random
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,8 @@ from transformers import PreTrainedTokenizerBase
 from verl_tlt.toy.cache import build_once
 from verl_tlt.toy.model import build_tiny_model
 from verl_tlt.toy.task import (
+    COMPACT,
+    STANDARD,
     Problem,
     make_problems,
     parse_answer,
@@ -68,6 +70,7 @@ LENGTH_BUCKETS: tuple[tuple[int, int], ...] = ((1, 3), (4, 10), (11, 30), (31, 1
 # Evaluation problems come from their own stream, apart from every training seed's.
 DEFAULT_EVAL_SEED = 20_250_101
 _TRAIN_SEED_OFFSET = 7_919
+_STYLE_SEED_OFFSET = 104_729
 _IGNORE_INDEX = -100
 
 
@@ -84,12 +87,17 @@ class SFTRecipe:
     max_batch_tokens: int = 4096
     # Problems drawn at once and sorted by length into batches; large enough for batches of similar length.
     pool_size: int = 512
+    # Share of examples written in the compact style (task.COMPACT); 0 = the standard style only. Style choices
+    # come from their own random stream, so 0 leaves the data stream of the cached standard target unchanged.
+    compact_share: float = 0.0
 
     def __post_init__(self) -> None:
         if self.max_batch_tokens < 64:
             raise ValueError(f"max_batch_tokens must be >= 64, got {self.max_batch_tokens}")
         if self.warmup_steps < 0 or not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError(f"need warmup_steps >= 0 and 0 <= min_lr_ratio <= 1, got {self}")
+        if not 0.0 <= self.compact_share <= 1.0:
+            raise ValueError(f"compact_share must be in [0, 1], got {self.compact_share}")
 
 
 @dataclass(frozen=True)
@@ -118,9 +126,15 @@ def prompt_ids(tokenizer: PreTrainedTokenizerBase, problems: Sequence[Problem]) 
     return tokenizer(texts, add_special_tokens=False)["input_ids"]
 
 
-def encode_examples(tokenizer: PreTrainedTokenizerBase, problems: Sequence[Problem]) -> list[Example]:
-    """Prompt ids and reference-response ids (plus `<eos>`, so the target learns to stop) per problem."""
-    responses = tokenizer([solution_text(p) for p in problems], add_special_tokens=False)["input_ids"]
+def encode_examples(
+    tokenizer: PreTrainedTokenizerBase, problems: Sequence[Problem], styles: Sequence[str] | None = None
+) -> list[Example]:
+    """Prompt ids and reference-response ids (plus `<eos>`, so the target learns to stop) per problem.
+
+    styles: the solution style of each problem (default: all standard)."""
+    styles = styles or [STANDARD] * len(problems)
+    texts = [solution_text(p, style) for p, style in zip(problems, styles, strict=True)]
+    responses = tokenizer(texts, add_special_tokens=False)["input_ids"]
     prompts, eos = prompt_ids(tokenizer, problems), tokenizer.eos_token_id
     return [Example(prompt, response + [eos]) for prompt, response in zip(prompts, responses, strict=True)]
 
@@ -148,9 +162,13 @@ def pack_by_length(examples: list[Example], max_batch_tokens: int) -> list[list[
 def batch_stream(tokenizer: PreTrainedTokenizerBase, seed: int, recipe: SFTRecipe) -> Iterator[list[Example]]:
     """An endless, seeded stream of length-bucketed batches of freshly sampled problems (no epochs, no reuse)."""
     rng = random.Random(seed + _TRAIN_SEED_OFFSET)
+    style_rng = random.Random(seed + _STYLE_SEED_OFFSET)
     while True:
         problems = [sample_problem(rng) for _ in range(recipe.pool_size)]
-        batches = pack_by_length(encode_examples(tokenizer, problems), recipe.max_batch_tokens)
+        styles = None
+        if recipe.compact_share > 0:
+            styles = [COMPACT if style_rng.random() < recipe.compact_share else STANDARD for _ in problems]
+        batches = pack_by_length(encode_examples(tokenizer, problems, styles), recipe.max_batch_tokens)
         rng.shuffle(batches)
         yield from batches
 
@@ -297,10 +315,15 @@ def default_cache_root() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "verl-tlt")
 
 
-def target_dir_name(seed: int, num_steps: int = DEFAULT_NUM_STEPS) -> str:
-    """Cache folder name; a non-default step count gets its own folder so it never shadows the real target."""
+def target_dir_name(seed: int, num_steps: int = DEFAULT_NUM_STEPS, compact_share: float = 0.0) -> str:
+    """Cache folder name; a non-default step count or style mix gets its own folder so it never shadows the
+    real target."""
     name = f"toy-target-v{TOY_TARGET_VERSION}-seed{seed}"
-    return name if num_steps == DEFAULT_NUM_STEPS else f"{name}-steps{num_steps}"
+    if num_steps != DEFAULT_NUM_STEPS:
+        name += f"-steps{num_steps}"
+    if compact_share > 0:
+        name += f"-compact{compact_share:g}"
+    return name
 
 
 def ensure_toy_target(
@@ -309,8 +332,11 @@ def ensure_toy_target(
     seed: int = 0,
     num_steps: int = DEFAULT_NUM_STEPS,
     recipe: SFTRecipe | None = None,
+    compact_share: float = 0.0,
 ) -> Path:
     """Path of the cached trained target, training it once (~1.5 min on 2 idle cores) if it is missing.
+
+    compact_share: share of SFT examples in the compact style (the quickstart's drifting target uses 0.1).
 
     Training goes to a temporary folder next to the cache entry, renamed into place when complete, so a killed
     run never leaves a half-written target; a file lock makes concurrent callers wait for one training run.
@@ -318,10 +344,15 @@ def ensure_toy_target(
     """
     root = Path(cache_root) if cache_root is not None else default_cache_root()
 
+    recipe = recipe or SFTRecipe()
+    if compact_share:
+        recipe = replace(recipe, compact_share=compact_share)
+
     def train(out_dir: Path) -> None:
         train_toy_target(out_dir, seed=seed, num_steps=num_steps, recipe=recipe)
 
-    return build_once(root / target_dir_name(seed, num_steps), _is_complete, train, "toy target")
+    name = target_dir_name(seed, num_steps, recipe.compact_share)
+    return build_once(root / name, _is_complete, train, "toy target")
 
 
 def _is_complete(target: Path) -> bool:

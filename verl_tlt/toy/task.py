@@ -13,15 +13,21 @@ Format (the tokenizer is character level and ignores spaces, so spacing here is 
 For example "11 : 4" -> "11 - 4 = 7 ; 7 - 4 = 3 ; 3 - 4 < 0 ; # 3". A response has `num_steps` subtraction
 steps plus one final step; `;` ends a step, so the response needs no newlines.
 
+A second, compact style lists only the running values: "11 : 4" -> "11 , 7 , 3 < 4 ; # 3" (`num_steps` values
+followed by `,`, then the last value, `< d ;` and the answer). It is about 2.5x shorter. Both styles are correct
+solutions; a toy target that learned both (a small share of compact examples in its SFT data) lets RL with a
+brevity-favouring reward (`verl_tlt.toy.reward.compute_score_concise`) shift the policy's style, which is how the
+quickstart makes the policy drift away from what a frozen drafter learned.
+
 Sampling: S = round(LogNormal(mu=ln 3.5, sigma=1.047)) clipped to [1, 96], d ~ U{2..9}, r ~ U{0..d-1},
 n = S*d + r (drawn in that order from one `random.Random`). Most problems take ~3 steps, 1% take 40+.
 
 Reward rule (`score`), for a response and the ground-truth remainder:
-  - 1.0 if the response is well formed (the whole text matches the grammar above, whitespace ignored) and its
+  - 1.0 if the response is well formed (the whole text matches either style's grammar, whitespace ignored) and its
     final answer `# x` equals the ground truth. Intermediate arithmetic is not checked: the answer is what RL
     rewards.
   - otherwise, if the problem (n, d) is known: PARTIAL_CREDIT_MAX * k / (num_steps + 1), where k is the number
-    of leading steps (final step included) that match the reference solution exactly. This is strictly
+    of leading steps (final step included) that match the reference solution of either style exactly. This is strictly
     increasing in k and at most PARTIAL_CREDIT_MAX (0.5), so a correct answer always beats any partial one,
     while early in training GRPO groups get different rewards instead of all zeros.
   - otherwise 0.0.
@@ -51,8 +57,16 @@ MAX_DIVISOR = 9
 # Reward for a wrong or malformed answer is at most this; a correct answer gets 1.0.
 PARTIAL_CREDIT_MAX = 0.5
 
-# Whitespace-free grammar of a whole response: zero or more "a-d=b;" steps, then "x-d<0;#x".
-_RESPONSE_RE = re.compile(r"(?:\d+-\d+=\d+;)*\d+-\d+<0;#(\d+)")
+# Solution styles: the default step-by-step one, and the compact one (running values only).
+STANDARD, COMPACT = "standard", "compact"
+STYLES = (STANDARD, COMPACT)
+
+# Whitespace-free grammar of a whole response: zero or more "a-d=b;" steps, then "x-d<0;#x" (standard), or zero
+# or more "a," values, then "x<d;#x" (compact).
+_RESPONSE_RES = {
+    STANDARD: re.compile(r"(?:\d+-\d+=\d+;)*\d+-\d+<0;#(\d+)"),
+    COMPACT: re.compile(r"(?:\d+,)*\d+<\d+;#(\d+)"),
+}
 _PROMPT_RE = re.compile(r"(\d+):(\d+)")
 _WHITESPACE_RE = re.compile(r"\s+")
 
@@ -118,34 +132,47 @@ def parse_prompt(text: str) -> Problem:
     return Problem.from_nd(int(match.group(1)), int(match.group(2)))
 
 
-def solution_steps(problem: Problem) -> list[str]:
-    """The reference response as a list of steps: `num_steps` subtractions, then the final step."""
+def solution_steps(problem: Problem, style: str = STANDARD) -> list[str]:
+    """The reference response as a list of steps: `num_steps` subtractions (or values), then the final step."""
+    _check_style(style)
     steps = []
     value = problem.n
     for _ in range(problem.num_steps):
-        steps.append(f"{value} - {problem.d} = {value - problem.d} ;")
+        steps.append(f"{value} - {problem.d} = {value - problem.d} ;" if style == STANDARD else f"{value} ,")
         value -= problem.d
-    steps.append(f"{value} - {problem.d} < 0 ; # {value}")
+    steps.append(
+        f"{value} - {problem.d} < 0 ; # {value}" if style == STANDARD else f"{value} < {problem.d} ; # {value}"
+    )
     return steps
 
 
-def solution_text(problem: Problem) -> str:
-    """The reference response (without <eos>), steps separated by spaces."""
-    return " ".join(solution_steps(problem))
+def solution_text(problem: Problem, style: str = STANDARD) -> str:
+    """The reference response (without <eos>) in `style`, steps separated by spaces."""
+    return " ".join(solution_steps(problem, style))
 
 
-def response_num_tokens(problem: Problem) -> int:
+def response_num_tokens(problem: Problem, style: str = STANDARD) -> int:
     """Tokens in the reference response including <eos>: one per non-space character (char-level tokenizer)."""
-    return len(_compact(solution_text(problem))) + 1
+    return len(_compact(solution_text(problem, style))) + 1
+
+
+def response_style(response_text: str) -> str | None:
+    """STANDARD or COMPACT for a well-formed response, None if it matches neither grammar."""
+    text = _compact(response_text)
+    return next((style for style, pattern in _RESPONSE_RES.items() if pattern.fullmatch(text)), None)
 
 
 def parse_answer(response_text: str) -> int | None:
-    """The final answer of a well-formed response, or None if the text does not match the grammar.
+    """The final answer of a well-formed response (either style), or None if the text matches neither grammar.
 
     Whitespace anywhere is ignored, because the tokenizer drops it when encoding and may add it when decoding.
     """
-    match = _RESPONSE_RE.fullmatch(_compact(response_text))
-    return int(match.group(1)) if match else None
+    text = _compact(response_text)
+    for pattern in _RESPONSE_RES.values():
+        match = pattern.fullmatch(text)
+        if match:
+            return int(match.group(1))
+    return None
 
 
 def score(response_text: str, ground_truth: str | int, problem: Problem | None = None) -> float:
@@ -161,16 +188,20 @@ def score(response_text: str, ground_truth: str | int, problem: Problem | None =
 
 
 def num_correct_leading_steps(response_text: str, problem: Problem) -> int:
-    """How many reference steps, from the first, the response reproduces exactly (whitespace ignored)."""
+    """How many reference steps, from the first, the response reproduces exactly (whitespace ignored), in
+    whichever style it matches best."""
     response = _compact(response_text)
-    num_correct, offset = 0, 0
-    for step in solution_steps(problem):
-        step = _compact(step)
-        if not response.startswith(step, offset):
-            break
-        num_correct += 1
-        offset += len(step)
-    return num_correct
+    best = 0
+    for style in STYLES:
+        num_correct, offset = 0, 0
+        for step in solution_steps(problem, style):
+            step = _compact(step)
+            if not response.startswith(step, offset):
+                break
+            num_correct += 1
+            offset += len(step)
+        best = max(best, num_correct)
+    return best
 
 
 def length_stats(problems: Iterable[Problem]) -> dict[str, dict[str, float]]:
@@ -191,6 +222,11 @@ def _summary(values: list[int]) -> dict[str, float]:
     summary["max"] = ordered[-1]
     summary["mean"] = sum(ordered) / len(ordered)
     return summary
+
+
+def _check_style(style: str) -> None:
+    if style not in STYLES:
+        raise ValueError(f"unknown csub solution style {style!r}; use one of {STYLES}")
 
 
 def _parse_ground_truth(ground_truth: str | int) -> int:

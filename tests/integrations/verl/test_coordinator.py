@@ -27,7 +27,7 @@ class FakePool:
         self.available = True
         self.starts: list[list[int]] = []
         self.stops = 0
-        self.stop_status: dict | None = {"burst_steps": 7}
+        self.stop_status: dict | None = {"burst_steps": 7, "burst_seconds": 3.5}
         self._lock = threading.Lock()
 
     def start(self, idle: list[int]) -> int | None:
@@ -92,6 +92,7 @@ def test_starts_on_the_first_drained_replica_and_stops_exactly_when_all_drain():
         "tlt/spot/stop_latency_s": 0.25,
         "tlt/spot/poll_errors": 0.0,
         "tlt/drafter/burst_steps": 7.0,
+        "tlt/drafter/step_s": 0.5,
     }
 
 

@@ -45,6 +45,7 @@ def test_the_record_starts_at_the_first_submit_and_lists_every_finish():
     record = trace.close({"drafter_version": 3})
     assert record == {
         "replica": 2,
+        "rollout_index": 0,
         "start": 10.0,
         "closed": 15.0,
         "finish_times": [12.5, 14.0],
@@ -197,3 +198,14 @@ def test_rollout_metrics_of_an_empty_rollout_are_zero_sd_shares_only():
     expected = {"tlt/sd/step_share": 0.0, "tlt/sd/token_share": 0.0, "tlt/sd/drafter_failures": 0.0}
     assert rollout_metrics([], []) == expected
     assert rollout_metrics([None, None], [{}, {}]) == expected
+
+
+def test_records_are_numbered_by_rollout():
+    trace = RolloutTrace(0, clock=lambda: 1.0)
+    assert trace.close() is None  # nothing submitted: no record, and no number used
+    indices = []
+    for _ in range(3):
+        trace.on_submit()
+        trace.on_finish(4, {})
+        indices.append(trace.close()["rollout_index"])
+    assert indices == [0, 1, 2]

@@ -30,9 +30,12 @@ class SpotCoordinator:
         schedule: SpotSchedule,
         poll_interval_s: float = 0.02,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ):
         self.in_flight, self.pool, self.schedule = in_flight, pool, schedule
-        self.poll_interval_s, self.clock = poll_interval_s, clock
+        self.poll_interval_s, self.clock, self.wall_clock = poll_interval_s, clock, wall_clock
+        # Wall-clock time the last burst of this rollout had stopped (compared with the replicas' last finish).
+        self.stopped_at: float | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._bursts: list[dict] = []
@@ -47,6 +50,7 @@ class SpotCoordinator:
         self.schedule.reset()
         self._bursts, self._stop_seconds = [], []
         self._cannot_start = False
+        self.stopped_at = None
         self._stop.clear()
         self._thread = threading.Thread(target=self._watch, name="tlt-spot-coordinator", daemon=True)
         self._thread.start()
@@ -100,6 +104,7 @@ class SpotCoordinator:
         begin = self.clock()
         status = self.pool.stop()
         self._stop_seconds.append(self.clock() - begin)
+        self.stopped_at = self.wall_clock()
         if status is not None:
             self._bursts.append(status)
 
@@ -115,4 +120,7 @@ class SpotCoordinator:
             "tlt/spot/poll_errors": float(self.poll_errors),
             "tlt/drafter/burst_steps": float(sum(b.get("burst_steps", 0) for b in self._bursts)),
         }
+        steps = sum(b.get("burst_steps", 0) for b in self._bursts)
+        if steps:
+            metrics["tlt/drafter/step_s"] = sum(b.get("burst_seconds", 0.0) for b in self._bursts) / steps
         return metrics

@@ -24,6 +24,7 @@ class RolloutTrace:
     def __init__(self, replica_rank: int, clock: Callable[[], float] = time.time):
         self.replica_rank, self.clock = replica_rank, clock
         self._lock = threading.Lock()
+        self.num_closed = 0  # rollouts recorded so far: the index of the next record
         self._reset()
 
     def _reset(self) -> None:
@@ -51,6 +52,7 @@ class RolloutTrace:
                 return None
             record = {
                 "replica": self.replica_rank,
+                "rollout_index": self.num_closed,
                 "start": self.start,
                 "closed": self.clock(),
                 "finish_times": list(self.finish_times),
@@ -58,6 +60,7 @@ class RolloutTrace:
                 "sd": dict(self.sd_totals),
                 **(extra or {}),
             }
+            self.num_closed += 1
             self._reset()
             return record
 

@@ -114,6 +114,10 @@ class TLTRuntime:
         records = ray.get([s.pop_last_rollout.remote() for s in self.servers])
         stats = ray.get([s.sd_stats.remote(True) for s in self.servers])
         self.metrics.update(rollout_metrics(records, stats))
+        # How long spot training ran on after the last response finished (bounded by one optimizer step).
+        summary = rollout_summary(records)
+        if summary and self.coordinator.stopped_at is not None:
+            self.metrics["tlt/spot/overrun_s"] = max(0.0, self.coordinator.stopped_at - summary["last_finish"])
 
     # ----- capture ---------------------------------------------------------------------------------------------
 

@@ -1,0 +1,82 @@
+"""The quickstart's figure: acceptance length per step (online drafter vs frozen) and step time per step
+(baseline vs TLT, split into verl's phases). Needs matplotlib (`pip install verl-tlt[dev]`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from verl_tlt.quickstart_summary import STEP_PARTS
+
+
+def plot_comparison(runs: dict[str, list[dict]], out: Path) -> Path:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as error:
+        raise RuntimeError(
+            "The quickstart plot needs matplotlib: pip install 'verl-tlt[dev]' (scripts/setup_env.sh does)"
+        ) from error
+
+    fig, (accept_ax, time_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name, label, style in (("tlt", "online drafter (TLT)", "o-"), ("frozen", "frozen at step 0", "s--")):
+        steps = [r["step"] for r in runs[name] if r.get("sd_acceptance_length") is not None]
+        values = [r["sd_acceptance_length"] for r in runs[name] if r.get("sd_acceptance_length") is not None]
+        accept_ax.plot(steps, values, style, label=label)
+    compact = [r.get("compact_share") for r in runs["tlt"]]
+    if all(v is not None for v in compact):
+        share_ax = accept_ax.twinx()
+        share_ax.plot([r["step"] for r in runs["tlt"]], compact, ":", color="gray", label="compact-style share")
+        share_ax.set_ylabel("share of compact-style responses (TLT run)")
+        share_ax.set_ylim(0, 1)
+        share_ax.legend(loc="lower right")
+    accept_ax.set_xlabel("RL step")
+    accept_ax.set_ylabel("acceptance length (tokens per verify step)")
+    accept_ax.set_title("Drafter acceptance as the policy drifts")
+    accept_ax.legend(loc="upper right")
+
+    width = 0.4
+    for offset, name in ((-width / 2, "baseline"), (width / 2, "tlt")):
+        rows = runs[name]
+        steps = [r["step"] + offset for r in rows]
+        bottom = [0.0] * len(rows)
+        parts = [("rollout_s", "rollout (server-measured)")]
+        parts += [(f"{p}_s", p) for p in STEP_PARTS if p != "gen"]
+        parts += [("rest_s", "gen polling + other")]
+        for key, label in parts:
+            if key == "rest_s":
+                values = [max(r["step_s"] - sum(r.get(k) or 0.0 for k, _ in parts[:-1]), 0.0) for r in rows]
+            else:
+                values = [r.get(key) or 0.0 for r in rows]
+            time_ax.bar(
+                steps,
+                values,
+                width,
+                bottom=bottom,
+                label=f"{label}" if name == "baseline" else None,
+                color=_COLORS.get(key),
+                hatch="//" if name == "tlt" else None,
+                edgecolor="black",
+                linewidth=0.3,
+            )
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    time_ax.set_xlabel("RL step (left bar: baseline, hatched: TLT)")
+    time_ax.set_ylabel("seconds")
+    time_ax.set_title("Step time breakdown")
+    time_ax.legend(fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+_COLORS = {
+    "rollout_s": "tab:blue",
+    "old_log_prob_s": "tab:orange",
+    "adv_s": "tab:olive",
+    "update_actor_s": "tab:red",
+    "update_weights_s": "tab:purple",
+    "rest_s": "lightgray",
+}

@@ -1,0 +1,140 @@
+"""The quickstart's comparison: per-step rows for each run (baseline, TLT, TLT with a frozen drafter) and the
+headline ratios, from verl's metrics, the torch rollout's traces and verl's rollout dumps. Pure functions.
+
+Rollout time is measured by the rollout servers (first request in to last response out), not by verl's
+`timing_s/gen`, which also contains the replay buffer's polling (every 2 s in verl 0.9.1) and so hides a few
+seconds of difference on the toy's short rollouts. Tail extension is the time from the last response finishing
+to verl putting the replicas to sleep (the rollout phase being over).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from verl_tlt.toy.task import COMPACT, response_style
+
+# Step-time parts verl times separately (timing_s/<part>); the rest of timing_s/step is "other".
+STEP_PARTS = ("gen", "old_log_prob", "adv", "update_actor", "update_weights")
+LAST_STEPS = 3
+
+
+def read_trace(path: Path) -> dict[int, list[dict]]:
+    """Rollout index -> the replicas' records of that rollout (see rollout_trace.RolloutTrace)."""
+    by_rollout: dict[int, list[dict]] = defaultdict(list)
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                record = json.loads(line)
+                by_rollout[record["rollout_index"]].append(record)
+    return dict(by_rollout)
+
+
+def step_rows(metrics: list[dict], trace: dict[int, list[dict]], rollouts: dict[int, list[dict]]) -> list[dict]:
+    """One row per training step. rollouts: step -> verl's dumped samples of that step (input, output, score)."""
+    rows = []
+    for index, m in enumerate(metrics):
+        step = m["step"]
+        records = trace.get(index, [])
+        outputs = [sample["output"] for sample in rollouts.get(step, [])]
+        row: dict[str, Any] = {"step": step, "step_s": m.get("timing_s/step")}
+        for part in STEP_PARTS:
+            row[f"{part}_s"] = m.get(f"timing_s/{part}", 0.0)
+        row["other_s"] = (row["step_s"] or 0.0) - sum(row[f"{part}_s"] for part in STEP_PARTS)
+        if records:
+            start = min(r["start"] for r in records)
+            finishes = [t for r in records for t in r["finish_times"]]
+            last = max(finishes) if finishes else start
+            row["rollout_s"] = last - start
+            row["tail_extension_s"] = min(r["closed"] for r in records) - last
+        row["reward_mean"] = m.get("critic/score/mean")
+        row["response_len_mean"] = m.get("response_length/mean")
+        row["compact_share"] = sum(response_style(o) == COMPACT for o in outputs) / len(outputs) if outputs else None
+        for key in (
+            "tlt/sd/acceptance_length",
+            "tlt/sd/step_share",
+            "tlt/drafter/version",
+            "tlt/drafter/total_steps",
+            "tlt/drafter/top1_accuracy",
+            "tlt/drafter/step_s",
+            "tlt/spot/idle_replica_s",
+            "tlt/spot/trained_replica_s",
+            "tlt/spot/overrun_s",
+            "tlt/capture/total_s",
+        ):
+            if key in m:
+                row[key.removeprefix("tlt/").replace("/", "_")] = m[key]
+        rows.append(row)
+    return rows
+
+
+def _mean(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.mean(values) if values else None
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or not denominator:
+        return None
+    return numerator / denominator
+
+
+def headline(runs: dict[str, list[dict]]) -> dict[str, Any]:
+    """The numbers the README reports, from the rows of the runs 'baseline', 'tlt' and 'frozen'."""
+    base, tlt, frozen = runs["baseline"], runs["tlt"], runs["frozen"]
+    online_last = _mean([r.get("sd_acceptance_length") for r in tlt[-LAST_STEPS:]])
+    frozen_last = _mean([r.get("sd_acceptance_length") for r in frozen[-LAST_STEPS:]])
+    base_rollout = sum(r.get("rollout_s") or 0.0 for r in base)
+    tlt_rollout = sum(r.get("rollout_s") or 0.0 for r in tlt)
+    overruns = [r.get("spot_overrun_s") for r in tlt if r.get("spot_overrun_s") is not None]
+    drafter_steps = [r.get("drafter_step_s") for r in tlt if r.get("drafter_step_s") is not None]
+    idle = sum(r.get("spot_idle_replica_s") or 0.0 for r in tlt)
+    trained = sum(r.get("spot_trained_replica_s") or 0.0 for r in tlt)
+    summary = {
+        "acceptance_ratio_online_vs_frozen": _ratio(online_last, frozen_last),
+        "acceptance_online_last3": online_last,
+        "acceptance_frozen_last3": frozen_last,
+        "acceptance_frozen_first": frozen[0].get("sd_acceptance_length") if frozen else None,
+        "rollout_time_ratio_tlt_vs_baseline": _ratio(tlt_rollout, base_rollout),
+        "rollout_time_s": {
+            "baseline": base_rollout,
+            "tlt": tlt_rollout,
+            "frozen": sum(r.get("rollout_s") or 0.0 for r in frozen),
+        },
+        "step_time_ratio_tlt_vs_baseline": _ratio(sum(r["step_s"] for r in tlt), sum(r["step_s"] for r in base)),
+        "tail_extension_s": {
+            "baseline_mean": _mean([r.get("tail_extension_s") for r in base]),
+            "tlt_mean": _mean([r.get("tail_extension_s") for r in tlt]),
+            "tlt_spot_overrun_max": max(overruns, default=0.0),
+            "drafter_step_s_max": max(drafter_steps, default=None),
+        },
+        "idle_replica_s": idle,
+        "idle_share_used_for_training": trained / idle if idle else 0.0,
+        "compact_share_first_last": {
+            name: (rows[0].get("compact_share"), rows[-1].get("compact_share")) for name, rows in runs.items() if rows
+        },
+    }
+    return summary
+
+
+def format_table(runs: dict[str, list[dict]]) -> str:
+    header = (
+        f"{'step':>4} | {'rollout s base/tlt':>18} | {'step s base/tlt':>15} | {'accept online/frozen':>20} | "
+        f"{'compact share':>13} | {'reward':>6}"
+    )
+    lines = [header, "-" * len(header)]
+    for base, tlt, frozen in zip(runs["baseline"], runs["tlt"], runs["frozen"], strict=False):
+        lines.append(
+            f"{base['step']:>4} | {_fmt(base.get('rollout_s'))}/{_fmt(tlt.get('rollout_s')):<8} | "
+            f"{_fmt(base['step_s'], 6)}/{_fmt(tlt['step_s']):<8} | "
+            f"{_fmt(tlt.get('sd_acceptance_length'), 9)}/{_fmt(frozen.get('sd_acceptance_length')):<10} | "
+            f"{_fmt(tlt.get('compact_share'), 13)} | {_fmt(tlt.get('reward_mean'), 6)}"
+        )
+    return "\n".join(lines)
+
+
+def _fmt(value: float | None, width: int = 9) -> str:
+    return f"{value:>{width}.2f}" if isinstance(value, (int, float)) else f"{'-':>{width}}"
