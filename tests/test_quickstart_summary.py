@@ -1,0 +1,113 @@
+"""The quickstart's comparison rows and headline numbers, from synthetic verl metrics, traces and dumps."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from verl_tlt.quickstart_summary import format_table, headline, read_trace, step_rows
+from verl_tlt.toy.task import COMPACT, Problem, solution_text
+
+PROBLEM = Problem.from_nd(11, 4)
+
+
+def _trace_record(index: int, replica: int, start: float, finishes: list[float], closed: float) -> dict:
+    return {"replica": replica, "rollout_index": index, "start": start, "finish_times": finishes, "closed": closed}
+
+
+def _metrics(step: int, acceptance: float | None, step_s: float = 10.0) -> dict:
+    m = {
+        "step": step,
+        "timing_s/step": step_s,
+        "timing_s/gen": 4.0,
+        "timing_s/old_log_prob": 1.0,
+        "timing_s/update_actor": 2.0,
+        "critic/score/mean": 0.5,
+    }
+    if acceptance is not None:
+        m["tlt/sd/acceptance_length"] = acceptance
+        m["tlt/spot/idle_replica_s"] = 2.0
+        m["tlt/spot/trained_replica_s"] = 1.5
+        m["tlt/spot/overrun_s"] = 0.1
+        m["tlt/drafter/step_s"] = 0.2
+    return m
+
+
+def test_rows_take_rollout_time_and_tail_extension_from_the_servers_traces(tmp_path):
+    path = tmp_path / "trace.jsonl"
+    records = [
+        _trace_record(0, 0, 100.0, [101.0, 102.0], 104.0),
+        _trace_record(0, 1, 100.5, [103.0], 104.5),
+        _trace_record(1, 0, 200.0, [201.0], 203.0),
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    trace = read_trace(path)
+    assert sorted(trace) == [0, 1] and len(trace[0]) == 2
+
+    outputs = {1: [{"output": solution_text(PROBLEM, COMPACT)}, {"output": solution_text(PROBLEM)}], 2: []}
+    rows = step_rows([_metrics(1, 3.0), _metrics(2, None)], trace, outputs)
+    first, second = rows
+    assert first["rollout_s"] == pytest.approx(3.0)  # first submit 100.0 -> last finish 103.0
+    assert first["tail_extension_s"] == pytest.approx(1.0)  # first replica asleep at 104.0
+    assert first["compact_share"] == 0.5 and second["compact_share"] is None
+    assert first["other_s"] == pytest.approx(10.0 - 4.0 - 1.0 - 2.0)
+    assert first["sd_acceptance_length"] == 3.0 and "sd_acceptance_length" not in second
+    assert second["rollout_s"] == pytest.approx(1.0)
+    assert read_trace(tmp_path / "missing.jsonl") == {}
+
+
+def _rows(rollout_s: list[float], acceptance: list[float] | None) -> list[dict]:
+    rows = []
+    for i, r in enumerate(rollout_s):
+        row = {"step": i + 1, "step_s": 10.0, "rollout_s": r, "tail_extension_s": 1.0}
+        if acceptance is not None:
+            row.update(
+                sd_acceptance_length=acceptance[i],
+                spot_idle_replica_s=2.0,
+                spot_trained_replica_s=1.0,
+                spot_overrun_s=0.05 * (i + 1),
+                drafter_step_s=0.3,
+            )
+        rows.append(row)
+    return rows
+
+
+def test_headline_ratios_use_the_last_three_steps_and_total_rollout_time():
+    runs = {
+        "baseline": _rows([4.0, 4.0, 4.0, 4.0], None),
+        "tlt": _rows([3.0, 3.0, 2.0, 2.0], [4.0, 5.0, 5.0, 6.0]),
+        "frozen": _rows([3.5, 3.5, 3.5, 3.5], [4.0, 4.0, 3.0, 2.0]),
+    }
+    h = headline(runs)
+    assert h["acceptance_online_last3"] == pytest.approx(16 / 3)
+    assert h["acceptance_frozen_last3"] == pytest.approx(3.0)
+    assert h["acceptance_ratio_online_vs_frozen"] == pytest.approx(16 / 9)
+    assert h["acceptance_frozen_first"] == 4.0
+    assert h["rollout_time_ratio_tlt_vs_baseline"] == pytest.approx(10 / 16)
+    assert h["tail_extension_s"]["tlt_spot_overrun_max"] == pytest.approx(0.2)
+    assert h["tail_extension_s"]["drafter_step_s_max"] == 0.3
+    assert h["idle_share_used_for_training"] == pytest.approx(0.5)
+    table = format_table(runs)
+    assert len(table.splitlines()) == 2 + 4 and "5.33" not in table  # one line per step, no averages
+
+
+def test_headline_without_acceptance_reports_none_not_a_number():
+    runs = {"baseline": _rows([1.0], None), "tlt": _rows([1.0], None), "frozen": _rows([1.0], None)}
+    assert headline(runs)["acceptance_ratio_online_vs_frozen"] is None
+
+
+def test_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    from verl_tlt.quickstart_plot import plot_comparison
+
+    runs = {
+        "baseline": _rows([4.0, 4.0], None),
+        "tlt": _rows([3.0, 2.0], [4.0, 5.0]),
+        "frozen": _rows([3.5, 3.5], [4.0, 3.0]),
+    }
+    for rows in runs.values():
+        for row in rows:
+            row["compact_share"] = 0.2
+    out = plot_comparison(runs, tmp_path / "plot.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
