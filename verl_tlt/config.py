@@ -128,7 +128,11 @@ class DrafterConfig:
         metadata={"help": "Start spot training once this many rollout replicas have drained while others generate."},
     )
     poll_interval_s: float = field(
-        default=0.02, metadata={"help": "How often the coordinator polls the replicas' in-flight counts, seconds."}
+        default=0.02,
+        metadata={
+            "help": "How often the coordinator checks which rollout replicas have drained, seconds (a local "
+            "check of one outstanding call per replica, no RPC per check)."
+        },
     )
 
     def __post_init__(self) -> None:

@@ -64,6 +64,12 @@ def step_rows(metrics: list[dict], trace: dict[int, list[dict]], rollouts: dict[
             "tlt/spot/trained_replica_s",
             "tlt/spot/overrun_s",
             "tlt/capture/total_s",
+            "tlt/drafter/eval_online_top1_accuracy",
+            "tlt/drafter/eval_frozen_top1_accuracy",
+            "tlt/drafter/eval_online_accept_prob",
+            "tlt/drafter/eval_frozen_accept_prob",
+            "tlt/drafter/eval_online_est_acceptance_length",
+            "tlt/drafter/eval_frozen_est_acceptance_length",
         ):
             if key in m:
                 row[key.removeprefix("tlt/").replace("/", "_")] = m[key]

@@ -223,6 +223,53 @@ def drafter_losses(
     return {"hidden_loss": hidden_loss, "logit_loss": logit_loss, "top1_accuracy": (agree * mask).sum() / count}
 
 
+@torch.no_grad()
+def evaluate_drafter(
+    model: EagleDrafterModel, samples: list, max_tokens_per_batch: int = 4096, depth: int = 4
+) -> dict[str, float]:
+    """How well `model` drafts for `samples` it has not trained on (teacher-forced, over response positions).
+
+    top1_accuracy: the drafter's argmax equals the target's. accept_prob: the target's probability of the
+    drafter's argmax, i.e. the chance a greedy draft token survives speculative sampling at temperature 1 (1 for
+    a matching argmax at temperature 0 too, so it is the sharper of the two at T=1). est_acceptance_length: a
+    depth-`depth` chain's tokens per verify step if every draft token survived with accept_prob.
+    """
+    from verl_tlt.drafter.data import pack
+
+    was_training = model.training
+    model.eval()
+    device, dtype = model.fc.weight.device, model.fc.weight.dtype
+    pairs = agree = accept = 0.0
+    chunk: list = []
+    chunks: list[list] = []
+    for sample in samples:
+        if chunk and sum(s.num_tokens for s in chunk) + sample.num_tokens > max_tokens_per_batch:
+            chunks.append(chunk)
+            chunk = []
+        chunk.append(sample)
+    if chunk:
+        chunks.append(chunk)
+    for part in chunks:
+        batch = pack(part).to(device, dtype)
+        features = drafter_forward(model, batch, batch.input_hidden)
+        mask = batch.loss_mask
+        draft = model.logits(features).argmax(-1)
+        target_probs = model.logits(batch.target_hidden).float().softmax(-1)
+        agree += float(((draft == target_probs.argmax(-1)) & mask).sum())
+        accept += float((target_probs.gather(-1, draft.unsqueeze(-1)).squeeze(-1) * mask).sum())
+        pairs += float(mask.sum())
+    model.train(was_training)
+    if not pairs:
+        return {}
+    accept_prob = accept / pairs
+    return {
+        "top1_accuracy": agree / pairs,
+        "accept_prob": accept_prob,
+        "est_acceptance_length": estimated_acceptance_length(accept_prob, depth),
+        "num_pairs": pairs,
+    }
+
+
 def estimated_acceptance_length(accuracy: float, depth: int) -> float:
     """Tokens per verify step (incl. bonus) of a depth-`depth` chain if each draft is right with p = accuracy.
 

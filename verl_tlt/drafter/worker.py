@@ -25,7 +25,7 @@ from verl_tlt.config import DrafterConfig
 from verl_tlt.drafter.data import DrafterSample
 from verl_tlt.drafter.model import EagleDrafterModel
 from verl_tlt.drafter.spot import SpotTrainer
-from verl_tlt.drafter.trainer import DrafterTrainConfig
+from verl_tlt.drafter.trainer import DrafterTrainConfig, evaluate_drafter
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +68,11 @@ class DrafterWorker:
             from verl_tlt.drafter.export import load_eagle
 
             model = load_eagle(config.init, self.target)
+        # The drafter as it started (frozen): fresh data is scored against it too, to show what training bought.
+        self.frozen = EagleDrafterModel(model.spec).to(dtype=dtype)
+        self.frozen.load_state_dict(model.state_dict())
+        self.frozen.attach(self.target)
+        self.frozen.requires_grad_(False)
         train_config = DrafterTrainConfig(lr=config.lr, max_tokens_per_batch=config.max_tokens_per_batch, seed=seed)
         self.spot = SpotTrainer(model, train_config, buffer_tokens=config.buffer_tokens)
         self._fault = fault if fault is not None else os.environ.get(FAULT_ENV, "")
@@ -77,6 +82,19 @@ class DrafterWorker:
 
     def add_samples(self, samples: Iterable[DrafterSample]) -> int:
         return self.spot.add_samples(samples)
+
+    def evaluate(self, samples: list[DrafterSample]) -> dict[str, float]:
+        """Score the current drafter and the initial (frozen) one on samples neither has trained on.
+
+        Keys: online_<metric> and frozen_<metric> for every metric of `evaluate_drafter`. Call it before
+        add_samples, and not while training runs (it reads the weights being trained).
+        """
+        if self.spot.is_running:
+            raise RuntimeError("DrafterWorker.evaluate while spot training runs; stop() first")
+        tokens = self.config.max_tokens_per_batch
+        online = evaluate_drafter(self.spot.trainer.model, samples, tokens)
+        frozen = evaluate_drafter(self.frozen, samples, tokens)
+        return {**{f"online_{k}": v for k, v in online.items()}, **{f"frozen_{k}": v for k, v in frozen.items()}}
 
     def start(self) -> bool:
         """Begin spot training in the background; False when already running or the buffer is empty."""

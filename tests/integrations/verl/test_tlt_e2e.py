@@ -35,15 +35,19 @@ def target():
 
 def overrides(world, target, *, steps: int, greedy: bool, tlt: bool, extra: list[str] = ()) -> list[str]:
     result = toy_grpo_overrides(
-        world, steps=steps, batch_size=16, group_size=1, max_response_length=128, lr=1e-3, model_dir=target
+        world,
+        steps=steps,
+        batch_size=16,
+        group_size=1,
+        max_response_length=128,
+        lr=1e-3,
+        model_dir=target,
+        replicas=2,
     )
     result += [
         # REINFORCE++ learns from single greedy samples (GRPO's group baseline would zero them), so the policy
         # really moves between steps while the rollouts stay deterministic.
         "algorithm.adv_estimator=reinforce_plus_plus",
-        "trainer.n_gpus_per_node=2",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
     ]
     if greedy:
         result.append("actor_rollout_ref.rollout.top_k=1")

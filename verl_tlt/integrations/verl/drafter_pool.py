@@ -59,6 +59,15 @@ class DrafterPool:
             for rank, call in calls.items():
                 self._get(rank, call)
 
+    def evaluate(self, samples: list) -> dict | None:
+        """The owner's score of its current and its initial drafter on `samples` (see DrafterWorker.evaluate)."""
+        if not samples:
+            return None
+        with self._lock:
+            if not self.alive[self.owner]:
+                return None
+            return self._get(self.owner, self.workers[self.owner].evaluate.remote(samples))
+
     def update_target_weights(self, named_tensors: dict) -> None:
         with self._lock:
             ref = ray.put(named_tensors)

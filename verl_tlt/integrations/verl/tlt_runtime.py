@@ -48,6 +48,7 @@ class TLTRuntime:
         self.coordinator: SpotCoordinator | None = None
         self.pushed_version: int | None = None
         self.resume_dir: Path | None = None
+        self._drain_calls: list[Any] = []
 
     # ----- set-up ----------------------------------------------------------------------------------------------
 
@@ -98,12 +99,19 @@ class TLTRuntime:
         return workers
 
     def _in_flight(self) -> list[int]:
-        return ray.get([s.num_in_flight.remote() for s in self.servers], timeout=60)
+        """0 for replicas that reported draining (see TorchRolloutServer.wait_for_drain), 1 for the others.
+
+        A local check of the outstanding drain calls: no RPC to the (busy) replicas per poll.
+        """
+        ready, _ = ray.wait(self._drain_calls, num_returns=len(self._drain_calls), timeout=0)
+        done = set(ready)
+        return [0 if call in done else 1 for call in self._drain_calls]
 
     # ----- rollout ---------------------------------------------------------------------------------------------
 
     def on_sample_begin(self) -> None:
         if self.tlt.drafter.train and self.pool.available:
+            self._drain_calls = [s.wait_for_drain.remote() for s in self.servers]
             self.coordinator.begin()
 
     def before_sleep(self) -> None:
@@ -131,6 +139,13 @@ class TLTRuntime:
         begin = time.perf_counter()
         results = self.actor_wg.tlt_pop_captured()
         samples = [s for rank_samples, _ in results for s in rank_samples]
+        # Fresh data neither drafter has trained on: how well the online drafter and the initial one draft
+        # for the current policy (the drift a frozen drafter would suffer, measured on the same samples).
+        evaluated = time.perf_counter()
+        scores = self.pool.evaluate(samples) or {}
+        self.metrics["tlt/drafter/eval_s"] = time.perf_counter() - evaluated
+        for key, value in scores.items():
+            self.metrics[f"tlt/drafter/eval_{key}"] = float(value)
         self.pool.add_samples(samples)
         stats = [rank_stats for _, rank_stats in results if rank_stats]
         self.metrics.update(

@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import logging
 import threading
+import time
 from typing import Any
 
 import torch
@@ -215,6 +216,21 @@ class TorchRolloutServer:
 
     def num_in_flight(self) -> int:
         return len(self._futures)
+
+    async def wait_for_drain(self, poll_s: float = 0.01) -> float | None:
+        """Return when this replica has served requests in the current rollout and has none left in flight: the
+        wall-clock time it drained, or None when the rollout ended (sleep) first.
+
+        The TLT coordinator keeps one such call per replica outstanding instead of polling in-flight counts
+        over RPC, which on a busy CPU replica costs the rollout measurable time. Checks run on this actor's
+        event loop every `poll_s` (microseconds each).
+        """
+        rollout = self.trace.num_closed
+        while self.trace.num_closed == rollout:
+            if self.trace.start is not None and not self._futures:
+                return time.time()
+            await asyncio.sleep(poll_s)
+        return None
 
     async def wait_for_requests_to_drain(self) -> None:
         while self._futures:
