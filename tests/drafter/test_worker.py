@@ -303,3 +303,28 @@ def test_the_fault_comes_from_the_environment_unless_given(fed, exits, monkeypat
 
 def test_ping_reports_the_rank(varied_qwen2):
     assert make_worker(varied_qwen2[0], rank=5).ping() == 5
+
+
+def test_evaluate_scores_the_trained_and_the_initial_drafter_on_the_same_samples(fed, samples):
+    worker = fed()
+    before = worker.evaluate(samples)
+    assert before["online_top1_accuracy"] == before["frozen_top1_accuracy"]  # nothing trained yet
+    assert before["online_num_pairs"] == sum(int(s.response_mask[1:].sum()) for s in samples)
+    burst(worker, 30)
+    after = worker.evaluate(samples)
+    # The frozen copy is the initial drafter, untouched by training (and by the shared target weights' identity).
+    assert after["frozen_accept_prob"] == pytest.approx(before["frozen_accept_prob"])
+    # Training on these very samples must make the online drafter agree with the target more.
+    assert after["online_accept_prob"] > before["online_accept_prob"]
+    assert after["online_est_acceptance_length"] > after["frozen_est_acceptance_length"]
+    assert 0.0 <= after["online_top1_accuracy"] <= 1.0
+
+
+def test_evaluate_refuses_while_training_runs(fed, samples):
+    worker = fed()
+    assert worker.spot.start()
+    try:
+        with pytest.raises(RuntimeError, match="stop\\(\\) first"):
+            worker.evaluate(samples)
+    finally:
+        worker.stop()

@@ -57,9 +57,14 @@ class DrafterWorker:
         dtype: torch.dtype = torch.float32,
         seed: int = 0,
         fault: str | None = None,
+        cpu_niceness: int = 0,
     ):
         if num_threads:
             torch.set_num_threads(num_threads)
+        if cpu_niceness > 0:
+            # On CPU the "idle" core of a drained replica is shared with verl's own processes (agent loop,
+            # reward, Ray): spot training should take only the cycles nobody else wants.
+            os.nice(cpu_niceness)
         self.rank, self.config = rank, config
         self.target = _target_model(target_path, dtype)
         if config.init == "target":

@@ -106,6 +106,8 @@ def test_greedy_rollouts_are_identical_with_tlt_on_and_off(world, target, tmp_pa
             "tlt/capture/samples",
             "tlt/capture/hook_s",
             "tlt/drafter/version",
+            "tlt/drafter/eval_online_accept_prob",
+            "tlt/drafter/eval_frozen_accept_prob",
         ):
             assert key in tlt, f"step {m['step']}: missing {key}"
         assert tlt["tlt/sd/step_share"] > 0 and tlt["tlt/sd/acceptance_length"] >= 1.0
@@ -114,6 +116,11 @@ def test_greedy_rollouts_are_identical_with_tlt_on_and_off(world, target, tmp_pa
     last = tlt_metrics(on.metrics[-1])
     assert last["tlt/drafter/total_steps"] >= 1 and last["tlt/drafter/version"] >= 1
     assert any(tlt_metrics(m)["tlt/spot/trained_replica_s"] > 0 for m in on.metrics)
+    # Training never ran on for more than the optimizer step in progress after the last response finished.
+    for m in on.metrics:
+        tlt = tlt_metrics(m)
+        if "tlt/spot/overrun_s" in tlt:
+            assert tlt["tlt/spot/overrun_s"] <= tlt["tlt/drafter/step_s"] + 0.5
 
 
 def test_sampled_rewards_agree_with_tlt_on_and_off(world, target, tmp_path):

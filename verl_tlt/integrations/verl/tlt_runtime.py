@@ -36,6 +36,8 @@ logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
 
 CHECKPOINT_DIR = "tlt_drafter"
+# Drafter workers run at this CPU niceness (they only ever use cycles the rollout leaves over).
+CPU_NICENESS = 10
 META_FILE = "meta.json"
 
 
@@ -92,7 +94,15 @@ class TLTRuntime:
                     num_cpus=0,
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
                 )
-                .remote(target_path, self.tlt.drafter, rank=rank, num_threads=threads, seed=seed, fault=fault)
+                .remote(
+                    target_path,
+                    self.tlt.drafter,
+                    rank=rank,
+                    num_threads=threads,
+                    seed=seed,
+                    fault=fault,
+                    cpu_niceness=CPU_NICENESS,
+                )
             )
             workers.append(worker)
         ray.get([w.ping.remote() for w in workers])
