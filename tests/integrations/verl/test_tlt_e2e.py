@@ -63,22 +63,24 @@ def responses_by_step(result) -> dict[int, list[tuple[str, str]]]:
     }
 
 
+def run(world, target, out_dir, *, steps: int = 3, greedy: bool, tlt: bool, extra: list[str] = (), env=None):
+    """One verl job (see `overrides`) under the hard timeout."""
+    return run_verl_job(
+        overrides(world, target, steps=steps, greedy=greedy, tlt=tlt, extra=extra),
+        out_dir,
+        timeout_s=JOB_TIMEOUT_S,
+        entry_module=ENTRY,
+        env=env,
+    )
+
+
 def tlt_metrics(metrics: dict) -> dict[str, float]:
     return {k: v for k, v in metrics.items() if k.startswith("tlt/")}
 
 
 def test_greedy_rollouts_are_identical_with_tlt_on_and_off(world, target, tmp_path):
-    off = run_verl_job(
-        overrides(world, target, steps=3, greedy=True, tlt=False),
-        tmp_path / "off",
-        timeout_s=JOB_TIMEOUT_S,
-        entry_module=ENTRY,
-    )
-    on = run_verl_job(
-        overrides(world, target, steps=3, greedy=True, tlt=True),
-        tmp_path / "on",
-        timeout_s=JOB_TIMEOUT_S,
-        entry_module=ENTRY,
+    off, on = (
+        run(world, target, tmp_path / name, greedy=True, tlt=tlt) for name, tlt in (("off", False), ("on", True))
     )
 
     assert [m["step"] for m in on.metrics] == [1, 2, 3]
@@ -124,17 +126,8 @@ def test_greedy_rollouts_are_identical_with_tlt_on_and_off(world, target, tmp_pa
 
 
 def test_sampled_rewards_agree_with_tlt_on_and_off(world, target, tmp_path):
-    off = run_verl_job(
-        overrides(world, target, steps=3, greedy=False, tlt=False),
-        tmp_path / "off",
-        timeout_s=JOB_TIMEOUT_S,
-        entry_module=ENTRY,
-    )
-    on = run_verl_job(
-        overrides(world, target, steps=3, greedy=False, tlt=True),
-        tmp_path / "on",
-        timeout_s=JOB_TIMEOUT_S,
-        entry_module=ENTRY,
+    off, on = (
+        run(world, target, tmp_path / name, greedy=False, tlt=tlt) for name, tlt in (("off", False), ("on", True))
     )
 
     def scores(result) -> list[float]:
@@ -149,22 +142,12 @@ def test_sampled_rewards_agree_with_tlt_on_and_off(world, target, tmp_path):
 
 
 def test_resume_continues_the_drafter(world, target, tmp_path):
-    first = run_verl_job(
-        overrides(world, target, steps=2, greedy=True, tlt=True, extra=["trainer.save_freq=1"]),
-        tmp_path,
-        timeout_s=JOB_TIMEOUT_S,
-        entry_module=ENTRY,
-    )
+    first = run(world, target, tmp_path, steps=2, greedy=True, tlt=True, extra=["trainer.save_freq=1"])
     saved = tlt_metrics(first.metrics[-1])
     drafter_dir = tmp_path / "checkpoints" / "global_step_2" / "tlt_drafter"
     assert (drafter_dir / "meta.json").is_file() and (drafter_dir / "trainer" / "drafter_trainer.pt").is_file()
 
-    second = run_verl_job(
-        overrides(world, target, steps=3, greedy=True, tlt=True, extra=["trainer.save_freq=-1"]),
-        tmp_path,
-        timeout_s=JOB_TIMEOUT_S,
-        entry_module=ENTRY,
-    )
+    second = run(world, target, tmp_path, steps=3, greedy=True, tlt=True, extra=["trainer.save_freq=-1"])
     assert [m["step"] for m in second.metrics] == [3]
     log = second.log_path.read_text(errors="replace")
     assert f"drafter version {int(saved['tlt/drafter/version'])} restored" in log
@@ -174,13 +157,7 @@ def test_resume_continues_the_drafter(world, target, tmp_path):
 
 
 def test_a_crashing_drafter_worker_does_not_stop_the_run(world, target, tmp_path):
-    result = run_verl_job(
-        overrides(world, target, steps=3, greedy=True, tlt=True),
-        tmp_path,
-        timeout_s=JOB_TIMEOUT_S,
-        entry_module=ENTRY,
-        env={"VERL_TLT_DRAFTER_FAULT": "exit_on_start=1"},
-    )
+    result = run(world, target, tmp_path, greedy=True, tlt=True, env={"VERL_TLT_DRAFTER_FAULT": "exit_on_start=1"})
     assert [m["step"] for m in result.metrics] == [1, 2, 3]
     log = result.log_path.read_text(errors="replace")
     assert "TLT drafter worker" in log and "The RL run continues" in log

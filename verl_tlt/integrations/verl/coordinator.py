@@ -43,6 +43,10 @@ class SpotCoordinator:
         self._cannot_start = False
         self.poll_errors = 0
 
+    @property
+    def watching(self) -> bool:
+        return self._thread is not None
+
     def begin(self) -> None:
         """Start watching a rollout (call after its requests were submitted)."""
         if self._thread is not None:

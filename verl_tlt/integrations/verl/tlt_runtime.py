@@ -125,7 +125,7 @@ class TLTRuntime:
             self.coordinator.begin()
 
     def before_sleep(self) -> None:
-        if self.coordinator._thread is not None:
+        if self.coordinator.watching:
             self.metrics.update(self.coordinator.finish())
 
     def after_sleep(self) -> None:
