@@ -213,6 +213,11 @@ def _print_headline(summary: dict) -> None:
         f"(ratio {show(summary['acceptance_ratio_online_vs_frozen'])}; frozen at step 1: "
         f"{show(summary['acceptance_frozen_first'])})"
     )
+    paired = summary["paired_est_acceptance_last3"]
+    print(
+        f"same samples (TLT run, teacher-forced estimate, last 3 steps): online {show(paired['online'])} vs "
+        f"initial drafter {show(paired['frozen'])} (ratio {show(summary['paired_acceptance_ratio_online_vs_frozen'])})"
+    )
     print(
         f"rollout time TLT / baseline: {show(summary['rollout_time_ratio_tlt_vs_baseline'])} "
         f"(server-measured, all steps); step time TLT / baseline: {show(summary['step_time_ratio_tlt_vs_baseline'])}"

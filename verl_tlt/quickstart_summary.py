@@ -99,8 +99,14 @@ def headline(runs: dict[str, list[dict]]) -> dict[str, Any]:
     drafter_steps = [r.get("drafter_step_s") for r in tlt if r.get("drafter_step_s") is not None]
     idle = sum(r.get("spot_idle_replica_s") or 0.0 for r in tlt)
     trained = sum(r.get("spot_trained_replica_s") or 0.0 for r in tlt)
+    # The same comparison on the same samples: the TLT run scores its online drafter and its initial one on every
+    # step's fresh captures (teacher-forced estimate), so both face exactly the same policy.
+    paired_online = _mean([r.get("drafter_eval_online_est_acceptance_length") for r in tlt[-LAST_STEPS:]])
+    paired_frozen = _mean([r.get("drafter_eval_frozen_est_acceptance_length") for r in tlt[-LAST_STEPS:]])
     summary = {
         "acceptance_ratio_online_vs_frozen": _ratio(online_last, frozen_last),
+        "paired_acceptance_ratio_online_vs_frozen": _ratio(paired_online, paired_frozen),
+        "paired_est_acceptance_last3": {"online": paired_online, "frozen": paired_frozen},
         "acceptance_online_last3": online_last,
         "acceptance_frozen_last3": frozen_last,
         "acceptance_frozen_first": frozen[0].get("sd_acceptance_length") if frozen else None,
