@@ -61,10 +61,10 @@ def plot_comparison(runs: dict[str, list[dict]], out: Path) -> Path:
                 linewidth=0.3,
             )
             bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    time_ax.set_xlabel("RL step (left bar: baseline, hatched: TLT)")
+    time_ax.set_xlabel("RL step (plain bar: baseline, hatched: TLT)")
     time_ax.set_ylabel("seconds")
     time_ax.set_title("Step time breakdown")
-    time_ax.legend(fontsize=8)
+    time_ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.14))
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
