@@ -131,7 +131,8 @@ class SpotTrainer:
             self._good_state = self._snapshot()
             self.last_error = None
             if self.checkpoint_dir is not None:
-                self.trainer.save_checkpoint(self.checkpoint_dir / "latest")
+                # Samples stay out: every drafter worker holds the same buffer, and it refills from each step.
+                self.trainer.save_checkpoint(self.checkpoint_dir / "latest", include_samples=False)
         return report
 
     def _snapshot(self) -> dict[str, torch.Tensor]:

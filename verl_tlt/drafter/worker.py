@@ -58,7 +58,10 @@ class DrafterWorker:
         seed: int = 0,
         fault: str | None = None,
         cpu_niceness: int = 0,
+        checkpoint_dir: str | None = None,
     ):
+        """checkpoint_dir: where every training burst that changed the drafter is checkpointed, asynchronously
+        (`<dir>/latest`); None = no per-burst checkpoints (verl's checkpoints still save the drafter)."""
         if num_threads:
             torch.set_num_threads(num_threads)
         if cpu_niceness > 0:
@@ -79,7 +82,7 @@ class DrafterWorker:
         self.frozen.attach(self.target)
         self.frozen.requires_grad_(False)
         train_config = DrafterTrainConfig(lr=config.lr, max_tokens_per_batch=config.max_tokens_per_batch, seed=seed)
-        self.spot = SpotTrainer(model, train_config, buffer_tokens=config.buffer_tokens)
+        self.spot = SpotTrainer(model, train_config, buffer_tokens=config.buffer_tokens, checkpoint_dir=checkpoint_dir)
         self._fault = fault if fault is not None else os.environ.get(FAULT_ENV, "")
         self._starts = 0
 

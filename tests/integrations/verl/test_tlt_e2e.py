@@ -118,6 +118,8 @@ def test_greedy_rollouts_are_identical_with_tlt_on_and_off(world, target, tmp_pa
     last = tlt_metrics(on.metrics[-1])
     assert last["tlt/drafter/total_steps"] >= 1 and last["tlt/drafter/version"] >= 1
     assert any(tlt_metrics(m)["tlt/spot/trained_replica_s"] > 0 for m in on.metrics)
+    # Every burst that changed the drafter was checkpointed by its worker (asynchronously, beside verl's checkpoints).
+    assert list((tmp_path / "on" / "checkpoints" / "tlt_spot").glob("worker_*/latest/drafter_trainer.pt"))
     # Training never ran on for more than the optimizer step in progress after the last response finished.
     for m in on.metrics:
         tlt = tlt_metrics(m)

@@ -41,6 +41,8 @@ class DrafterPool:
         self.published: tuple[int, dict] | None = None  # (version, weights) last read from the owner
         self.handoff_seconds = 0.0
         self._saving: int | None = None
+        self._pending: list[tuple[int, Any]] = []  # (rank, call) queued by score_and_add
+        self._scoring: tuple[int, Any] | None = None
         self._lock = threading.RLock()
 
     @property
@@ -49,27 +51,34 @@ class DrafterPool:
 
     # ----- data ------------------------------------------------------------------------------------------------
 
-    def add_samples(self, samples: list) -> None:
-        """Send the same samples, in the same order, to every live worker."""
+    def score_and_add(self, samples: list) -> None:
+        """Queue, without waiting: the owner scores its drafters on `samples` (before it holds them), then every
+        live worker adds the same samples in the same order. `settle()` collects the outcome.
+
+        Off the trainer's critical path: a worker runs its calls in order, so everything queued here is done
+        before the worker's next call (e.g. a spot-training start) runs.
+        """
         if not samples:
             return
         with self._lock:
             ref = ray.put(samples)
-            calls = {r: w.add_samples.remote(ref) for r, w in self._live()}
-            for rank, call in calls.items():
-                self._get(rank, call)
+            if self.alive[self.owner]:
+                self._scoring = (self.owner, self.workers[self.owner].evaluate.remote(ref))
+            for rank, worker in self._live():
+                self._pending.append((rank, worker.add_samples.remote(ref)))
 
-    def evaluate(self, samples: list) -> dict | None:
-        """The owner's score of its current and its initial drafter on `samples` (see DrafterWorker.evaluate)."""
-        if not samples:
-            return None
+    def settle(self) -> dict | None:
+        """Wait for the queued calls; the owner's scores of the last `score_and_add`, if any."""
         with self._lock:
-            if not self.alive[self.owner]:
-                return None
-            return self._get(self.owner, self.workers[self.owner].evaluate.remote(samples))
+            pending, self._pending = self._pending, []
+            for rank, call in pending:
+                self._get(rank, call)
+            scoring, self._scoring = self._scoring, None
+            return self._get(*scoring) if scoring is not None else None
 
     def update_target_weights(self, named_tensors: dict) -> None:
         with self._lock:
+            self.settle()
             ref = ray.put(named_tensors)
             calls = {r: w.update_target_weights.remote(ref) for r, w in self._live()}
             for rank, call in calls.items():
@@ -82,6 +91,7 @@ class DrafterPool:
         with self._lock:
             if self.training_on is not None:
                 return None
+            self.settle()
             for rank in idle_replicas:
                 if not self.alive[rank]:
                     continue

@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
 
 CHECKPOINT_DIR = "tlt_drafter"
+SPOT_CHECKPOINT_DIR = "tlt_spot"
 # Drafter workers run at this CPU niceness (they only ever use cycles the rollout leaves over).
 CPU_NICENESS = 10
 META_FILE = "meta.json"
@@ -102,11 +103,17 @@ class TLTRuntime:
                     seed=seed,
                     fault=fault,
                     cpu_niceness=CPU_NICENESS,
+                    checkpoint_dir=str(self._spot_checkpoint_root() / f"worker_{rank}"),
                 )
             )
             workers.append(worker)
         ray.get([w.ping.remote() for w in workers])
         return workers
+
+    def _spot_checkpoint_root(self) -> Path:
+        """`<trainer.default_local_dir>/tlt_spot`: each worker's latest burst, written asynchronously."""
+        root = Path(self.config.trainer.default_local_dir)
+        return (root if root.is_absolute() else Path.cwd() / root) / SPOT_CHECKPOINT_DIR
 
     def _in_flight(self) -> list[int]:
         """0 for replicas that reported draining (see TorchRolloutServer.wait_for_drain), 1 for the others.
@@ -149,14 +156,10 @@ class TLTRuntime:
         begin = time.perf_counter()
         results = self.actor_wg.tlt_pop_captured()
         samples = [s for rank_samples, _ in results for s in rank_samples]
-        # Fresh data neither drafter has trained on: how well the online drafter and the initial one draft
-        # for the current policy (the drift a frozen drafter would suffer, measured on the same samples).
-        evaluated = time.perf_counter()
-        scores = self.pool.evaluate(samples) or {}
-        self.metrics["tlt/drafter/eval_s"] = time.perf_counter() - evaluated
-        for key, value in scores.items():
-            self.metrics[f"tlt/drafter/eval_{key}"] = float(value)
-        self.pool.add_samples(samples)
+        # The owner first scores the online and the initial drafter on these fresh samples (the drift a frozen
+        # drafter would suffer, measured on the same data), then every worker stores them; both run on the
+        # workers while verl updates the actor, and are collected in on_step_end.
+        self.pool.score_and_add(samples)
         stats = [rank_stats for _, rank_stats in results if rank_stats]
         self.metrics.update(
             {
@@ -170,6 +173,11 @@ class TLTRuntime:
     # ----- after the actor's weight sync -----------------------------------------------------------------------
 
     def on_step_end(self, step: int) -> None:
+        waited = time.perf_counter()
+        scores = self.pool.settle() or {}
+        self.metrics["tlt/capture/settle_s"] = time.perf_counter() - waited
+        for key, value in scores.items():
+            self.metrics[f"tlt/drafter/eval_{key}"] = float(value)
         if self.tlt.drafter.train and self.pool.available:
             shared = ray.get(self.servers[0].target_shared_weights.remote())
             self.pool.update_target_weights(shared)

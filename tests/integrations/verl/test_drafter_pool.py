@@ -1,0 +1,129 @@
+"""DrafterPool against real Ray actors (stand-in workers): one owner, handoff, queued data, losing workers."""
+
+from __future__ import annotations
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from verl_tlt.integrations.verl.drafter_pool import DrafterPool  # noqa: E402
+
+pytestmark = pytest.mark.timeout(180)
+
+
+class FakeWorker:
+    """Records what it was asked, holds a 'state' that training bumps and handoffs copy."""
+
+    def __init__(self, rank: int):
+        self.rank, self.version, self.samples, self.calls = rank, 0, [], []
+
+    def add_samples(self, samples):
+        self.calls.append("add")
+        self.samples += samples
+        return len(samples)
+
+    def evaluate(self, samples):
+        self.calls.append("evaluate")
+        # Scored before this worker holds the samples: the order of queued calls is kept.
+        return {"held_before": float(len(self.samples)), "version": float(self.version)}
+
+    def start(self):
+        self.calls.append("start")
+        return bool(self.samples)
+
+    def stop(self):
+        self.calls.append("stop")
+        self.version += 1
+        return {"rank": self.rank, "version": self.version, "burst_steps": 3}
+
+    def status(self):
+        return {"rank": self.rank, "version": self.version}
+
+    def weights(self):
+        return self.version, {"w": self.version}
+
+    def training_state(self):
+        return {"version": self.version}
+
+    def load_training_state(self, state):
+        self.calls.append("load_training_state")
+        self.version = state["version"]
+
+    def load_weights(self, version, weights):
+        self.calls.append("load_weights")
+        self.version = version
+
+    def update_target_weights(self, named):
+        return len(named)
+
+    def get_calls(self):
+        return list(self.calls)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture()
+def workers(ray_cluster):
+    actors = [ray.remote(FakeWorker).remote(rank) for rank in range(3)]
+    yield actors
+    for actor in actors:
+        ray.kill(actor)
+
+
+def test_samples_reach_every_worker_after_the_owner_scored_them(workers):
+    pool = DrafterPool(workers)
+    pool.score_and_add([1, 2])
+    pool.score_and_add([3])
+    scores = pool.settle()
+    assert scores == {"held_before": 2.0, "version": 0.0}  # the last batch, scored before it was added
+    for worker in workers:
+        assert ray.get(worker.get_calls.remote()).count("add") == 2
+    assert pool.settle() is None
+
+
+def test_training_moves_to_the_drained_replica_with_the_owners_state(workers):
+    pool = DrafterPool(workers)
+    pool.score_and_add([1])
+    assert pool.start([1]) == 1
+    assert pool.stop()["version"] == 1 and pool.owner == 1
+    # Replica 2 drains first next time: it continues the drafter that worker 1 trained.
+    assert pool.start([2]) == 2
+    assert "load_training_state" in ray.get(workers[2].get_calls.remote())
+    assert pool.stop()["version"] == 2
+    assert pool.latest_weights() == (2, {"w": 2})
+    assert pool.start([0, 2]) == 0 and pool.stop()["version"] == 3
+
+
+def test_nothing_to_train_on_means_no_start(workers):
+    pool = DrafterPool(workers)
+    assert pool.start([0]) is None and pool.training_on is None
+
+
+def test_a_dead_owner_is_replaced_from_the_last_published_weights(workers):
+    pool = DrafterPool(workers, call_timeout_s=20)
+    pool.score_and_add([1])
+    assert pool.start([0]) == 0 and pool.stop()["version"] == 1
+    assert pool.latest_weights() == (1, {"w": 1})
+    ray.kill(workers[0])
+    assert pool.status() is None or not pool.alive[0]  # the owner's death is noticed on the next call
+    pool.score_and_add([2])
+    pool.settle()
+    assert pool.alive == [False, True, True] and pool.failures == 1
+    assert pool.owner == 1 and "drafter worker 0" in pool.last_error
+    assert "load_weights" in ray.get(workers[1].get_calls.remote())
+    assert pool.start([1]) == 1 and pool.stop()["version"] == 2  # continues from version 1
+
+
+def test_losing_every_worker_leaves_the_pool_unavailable_not_raising(workers):
+    pool = DrafterPool(workers, call_timeout_s=20)
+    for worker in workers:
+        ray.kill(worker)
+    pool.score_and_add([1])
+    assert pool.settle() is None
+    assert not pool.available and pool.failures == 3
+    assert pool.start([0, 1, 2]) is None and pool.stop() is None and pool.latest_weights() is None
