@@ -20,21 +20,28 @@ def plot_comparison(runs: dict[str, list[dict]], out: Path) -> Path:
         ) from error
 
     fig, (accept_ax, time_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for name, label, style in (("tlt", "online drafter (TLT)", "o-"), ("frozen", "frozen at step 0", "s--")):
-        steps = [r["step"] for r in runs[name] if r.get("sd_acceptance_length") is not None]
-        values = [r["sd_acceptance_length"] for r in runs[name] if r.get("sd_acceptance_length") is not None]
-        accept_ax.plot(steps, values, style, label=label)
-    compact = [r.get("compact_share") for r in runs["tlt"]]
-    if all(v is not None for v in compact):
-        share_ax = accept_ax.twinx()
-        share_ax.plot([r["step"] for r in runs["tlt"]], compact, ":", color="gray", label="compact-style share")
-        share_ax.set_ylabel("share of compact-style responses (TLT run)")
-        share_ax.set_ylim(0, 1)
-        share_ax.legend(loc="lower right")
+    for name, label, style in (
+        ("tlt", "engine: online drafter (TLT run)", "o-"),
+        ("frozen", "engine: frozen drafter (frozen run)", "s--"),
+    ):
+        _plot_series(accept_ax, runs[name], "sd_acceptance_length", style, label)
+    # The paired view: the TLT run's online and initial drafter scored on the same fresh samples.
+    _plot_series(
+        accept_ax, runs["tlt"], "drafter_eval_online_est_acceptance_length", "^-", "same samples: online (estimate)"
+    )
+    _plot_series(
+        accept_ax, runs["tlt"], "drafter_eval_frozen_est_acceptance_length", "v--", "same samples: initial (estimate)"
+    )
+    share_ax = accept_ax.twinx()
+    for name, color in (("tlt", "gray"), ("frozen", "tab:orange")):
+        _plot_series(share_ax, runs[name], "compact_share", ":", f"compact share, {name} run", color=color)
+    share_ax.set_ylabel("share of compact-style responses (the drift)")
+    share_ax.set_ylim(0, 1)
+    share_ax.legend(loc="lower left", fontsize=7)
     accept_ax.set_xlabel("RL step")
     accept_ax.set_ylabel("acceptance length (tokens per verify step)")
     accept_ax.set_title("Drafter acceptance as the policy drifts")
-    accept_ax.legend(loc="upper right")
+    accept_ax.legend(loc="upper right", fontsize=7)
 
     width = 0.4
     for offset, name in ((-width / 2, "baseline"), (width / 2, "tlt")):
@@ -70,6 +77,12 @@ def plot_comparison(runs: dict[str, list[dict]], out: Path) -> Path:
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
+
+
+def _plot_series(ax, rows: list[dict], key: str, style: str, label: str, color: str | None = None) -> None:
+    points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+    if points:
+        ax.plot(*zip(*points, strict=True), style, label=label, color=color, markersize=4)
 
 
 _COLORS = {
