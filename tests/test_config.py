@@ -14,6 +14,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from verl_tlt.config import (
+    DrafterConfig,
     TLTConfig,
     TLTNotAvailableError,
     check_available,
@@ -219,6 +220,15 @@ def test_check_available_passes_when_disabled():
 
 def test_check_available_accepts_the_torch_rollout():
     check_available(TLTConfig(enabled=True), {"actor_rollout_ref": {"rollout": {"name": "torch"}}})
+
+
+def test_check_available_refuses_a_missing_drafter_directory_before_anything_starts(tmp_path):
+    with pytest.raises(ValueError) as e:
+        check_available(TLTConfig(enabled=True, drafter=DrafterConfig(init=str(tmp_path / "nope"))))
+    assert "tlt.drafter.init=" in str(e.value) and "set tlt.drafter.init=target" in str(e.value)
+    (tmp_path / "config.json").write_text("{}")
+    check_available(TLTConfig(enabled=True, drafter=DrafterConfig(init=str(tmp_path))))
+    check_available(TLTConfig(drafter=DrafterConfig(init=str(tmp_path / "nope"))))  # TLT off: not read
 
 
 def test_check_available_refuses_vllm_with_the_fix():

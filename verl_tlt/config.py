@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import types
 import typing
@@ -199,7 +200,10 @@ def check_available(cfg: TLTConfig, verl_config: Mapping[str, Any] | None = None
     TLT's speculative rollouts and drafter sync are implemented for verl-tlt's torch rollout engine; the vLLM
     path is not available yet. ``verl_config`` is the composed verl config (None: only the block is checked).
     """
-    if not cfg.enabled or verl_config is None:
+    if not cfg.enabled:
+        return
+    _check_drafter_init(cfg.drafter.init)
+    if verl_config is None:
         return
     rollout = (verl_config.get("actor_rollout_ref") or {}).get("rollout") or {}
     name = rollout.get("name")
@@ -211,6 +215,16 @@ def check_available(cfg: TLTConfig, verl_config: Mapping[str, Any] | None = None
             "available in this version of verl-tlt. Fix: set actor_rollout_ref.rollout.name=torch (on CPU: "
             "+cpu=torch), or run with tlt.enabled=false (the default) for stock verl behaviour."
         )
+
+
+def _check_drafter_init(init: str) -> None:
+    if init == "target" or os.path.isfile(os.path.join(init, "config.json")):
+        return
+    raise ValueError(
+        f"{ROOT_KEY}.drafter.init={init!r} is neither 'target' nor a drafter directory (no config.json there). "
+        f"Fix: set {ROOT_KEY}.drafter.init=target to start from the target, or to the output directory of "
+        "`verl-tlt drafter warmup`."
+    )
 
 
 # ---------------------------------------------------------------- field introspection

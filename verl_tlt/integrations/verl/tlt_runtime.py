@@ -91,7 +91,6 @@ class TLTRuntime:
             worker = (
                 ray.remote(DrafterWorker)
                 .options(
-                    name=f"tlt_drafter_worker_{rank}",
                     num_cpus=0,
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
                 )
