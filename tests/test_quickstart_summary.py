@@ -13,7 +13,15 @@ PROBLEM = Problem.from_nd(11, 4)
 
 
 def _trace_record(index: int, replica: int, start: float, finishes: list[float], closed: float) -> dict:
-    return {"replica": replica, "rollout_index": index, "start": start, "finish_times": finishes, "closed": closed}
+    sd = {"num_verify_steps": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "num_output_tokens": 0}
+    return {
+        "replica": replica,
+        "rollout_index": index,
+        "start": start,
+        "finish_times": finishes,
+        "closed": closed,
+        "sd": sd,
+    }
 
 
 def _metrics(step: int, acceptance: float | None, step_s: float = 10.0) -> dict:

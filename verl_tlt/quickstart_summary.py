@@ -15,6 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from verl_tlt.integrations.verl.rollout_trace import rollout_summary
 from verl_tlt.toy.task import COMPACT, response_style
 
 # Step-time parts verl times separately (timing_s/<part>); the rest of timing_s/step is "other".
@@ -44,12 +45,10 @@ def step_rows(metrics: list[dict], trace: dict[int, list[dict]], rollouts: dict[
         for part in STEP_PARTS:
             row[f"{part}_s"] = m.get(f"timing_s/{part}", 0.0)
         row["other_s"] = (row["step_s"] or 0.0) - sum(row[f"{part}_s"] for part in STEP_PARTS)
-        if records:
-            start = min(r["start"] for r in records)
-            finishes = [t for r in records for t in r["finish_times"]]
-            last = max(finishes) if finishes else start
-            row["rollout_s"] = last - start
-            row["tail_extension_s"] = min(r["closed"] for r in records) - last
+        summary = rollout_summary(records)
+        if summary:
+            row["rollout_s"] = summary["last_finish"] - summary["start"]
+            row["tail_extension_s"] = summary["closed"] - summary["last_finish"]
         row["reward_mean"] = m.get("critic/score/mean")
         row["response_len_mean"] = m.get("response_length/mean")
         row["compact_share"] = sum(response_style(o) == COMPACT for o in outputs) / len(outputs) if outputs else None

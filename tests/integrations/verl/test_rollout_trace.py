@@ -119,6 +119,7 @@ def test_rollout_summary_spans_all_replicas():
     assert rollout_summary(RECORDS) == {
         "start": 100.0,
         "last_finish": 110.0,
+        "closed": 111.0,  # the first replica asleep
         "num_responses": 5,
         "num_verify_steps": 10,
         "num_draft_tokens": 40,
@@ -131,7 +132,13 @@ def test_rollout_summary_spans_all_replicas():
 def test_rollout_summary_of_nothing_and_of_records_without_finishes():
     assert rollout_summary([]) == {} and rollout_summary([None, None]) == {}
     summary = rollout_summary([record(0, 7.0, 9.0, [], [], sd())])
-    assert summary == {"start": 7.0, "last_finish": 7.0, "num_responses": 0, **sd()}  # no acceptance_length
+    assert summary == {
+        "start": 7.0,
+        "last_finish": 7.0,
+        "closed": 9.0,
+        "num_responses": 0,
+        **sd(),
+    }  # no acceptance_length
 
 
 def test_append_jsonl_creates_the_directory_and_appends_one_line_per_record(tmp_path):
@@ -182,6 +189,13 @@ def test_rollout_metrics_from_records_and_sd_stats():
         },
         abs=1e-12,
     )
+
+
+def test_overrun_is_how_long_training_ran_past_the_last_response():
+    assert "tlt/spot/overrun_s" not in rollout_metrics(RECORDS, STATS)  # no training this rollout
+    assert rollout_metrics(RECORDS, STATS, training_stopped_at=110.25)["tlt/spot/overrun_s"] == 0.25
+    assert rollout_metrics(RECORDS, STATS, training_stopped_at=105.0)["tlt/spot/overrun_s"] == 0.0  # stopped early
+    assert "tlt/spot/overrun_s" not in rollout_metrics([], [], training_stopped_at=1.0)
 
 
 def test_rollout_metrics_without_speculation_has_no_acceptance_length():

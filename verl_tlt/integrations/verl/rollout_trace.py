@@ -79,7 +79,8 @@ def acceptance_length(sd: dict[str, int]) -> float | None:
 
 
 def rollout_summary(records: list[dict[str, Any]]) -> dict[str, float]:
-    """One step's rollout across replicas: start, last finish, done (every replica closed), SD totals."""
+    """One step's rollout across replicas: start (first request in), last finish, closed (the first replica put
+    to sleep: the rollout phase's end), SD totals."""
     records = [r for r in records if r is not None]
     if not records:
         return {}
@@ -89,6 +90,7 @@ def rollout_summary(records: list[dict[str, Any]]) -> dict[str, float]:
     summary = {
         "start": start,
         "last_finish": max(finishes) if finishes else start,
+        "closed": min(r["closed"] for r in records),
         "num_responses": len(finishes),
         **sd,
     }

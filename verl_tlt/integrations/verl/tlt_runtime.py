@@ -137,11 +137,7 @@ class TLTRuntime:
     def after_sleep(self) -> None:
         records = ray.get([s.pop_last_rollout.remote() for s in self.servers])
         stats = ray.get([s.sd_stats.remote(True) for s in self.servers])
-        self.metrics.update(rollout_metrics(records, stats))
-        # How long spot training ran on after the last response finished (bounded by one optimizer step).
-        summary = rollout_summary(records)
-        if summary and self.coordinator.stopped_at is not None:
-            self.metrics["tlt/spot/overrun_s"] = max(0.0, self.coordinator.stopped_at - summary["last_finish"])
+        self.metrics.update(rollout_metrics(records, stats, training_stopped_at=self.coordinator.stopped_at))
 
     # ----- capture ---------------------------------------------------------------------------------------------
 
@@ -248,8 +244,14 @@ class TLTRuntime:
         logger.info("TLT: drafter version %d restored from %s", meta["version"], folder)
 
 
-def rollout_metrics(records: list[dict | None], stats: list[dict]) -> dict[str, float]:
-    """`tlt/tail/*`, `tlt/rollout/*` and `tlt/sd/*` for one rollout from every replica's record and counters."""
+def rollout_metrics(
+    records: list[dict | None], stats: list[dict], training_stopped_at: float | None = None
+) -> dict[str, float]:
+    """`tlt/tail/*`, `tlt/rollout/*` and `tlt/sd/*` for one rollout from every replica's record and counters.
+
+    training_stopped_at: wall-clock time spot training of this rollout had stopped, if it ran; gives
+    `tlt/spot/overrun_s`, how long it ran on after the last response finished (bounded by one optimizer step).
+    """
     records = [r for r in records if r is not None]
     metrics: dict[str, float] = {}
     summary = rollout_summary(records)
@@ -259,9 +261,11 @@ def rollout_metrics(records: list[dict | None], stats: list[dict]) -> dict[str, 
         lengths = [n for r in records for n in r["response_tokens"]]
         metrics.update(long_tail_metrics(finishes, lengths))
         metrics["tlt/rollout/time_s"] = summary["last_finish"] - start
-        metrics["tlt/tail/extension_s"] = min(r["closed"] for r in records) - summary["last_finish"]
+        metrics["tlt/tail/extension_s"] = summary["closed"] - summary["last_finish"]
         if "acceptance_length" in summary:
             metrics["tlt/sd/acceptance_length"] = summary["acceptance_length"]
+        if training_stopped_at is not None:
+            metrics["tlt/spot/overrun_s"] = max(0.0, training_stopped_at - summary["last_finish"])
     steps_sd = sum(s.get("steps_sd", 0) for s in stats)
     steps_all = steps_sd + sum(s.get("steps_plain", 0) for s in stats)
     tokens_sd = sum(s.get("tokens_sd", 0) for s in stats)
