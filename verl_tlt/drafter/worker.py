@@ -35,13 +35,9 @@ FAULT_ENV = "VERL_TLT_DRAFTER_FAULT"
 
 
 def _target_model(target_path: str, dtype: torch.dtype):
-    from transformers import AutoConfig
+    from verl_tlt.engine.weights import load_pretrained
 
-    from verl_tlt.engine.model import CausalLM, ModelSpec
-    from verl_tlt.engine.weights import load_weights, read_checkpoint
-
-    model = CausalLM(ModelSpec.from_hf_config(AutoConfig.from_pretrained(target_path))).to(dtype=dtype)
-    load_weights(model, read_checkpoint(target_path), strict=True)
+    model, _ = load_pretrained(target_path, dtype=dtype)
     model.requires_grad_(False)
     return model
 

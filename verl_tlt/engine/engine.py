@@ -21,12 +21,12 @@ from verl_tlt.engine.adaptive import AdaptivePolicy
 from verl_tlt.engine.decode_stats import DecodeStats
 from verl_tlt.engine.drafter import Drafter
 from verl_tlt.engine.kv_cache import SlotKVCache
-from verl_tlt.engine.model import AttentionBatch, CausalLM, ModelSpec
+from verl_tlt.engine.model import AttentionBatch, CausalLM
 from verl_tlt.engine.request import CompletionOutput, Request
 from verl_tlt.engine.sampler import params_tensors, sample_tokens
 from verl_tlt.engine.sampling_params import LOGPROBS_MODES, SamplingParams
 from verl_tlt.engine.speculative import accepted_path_moves, draft_trees, tree_forward_layout
-from verl_tlt.engine.weights import load_weights, read_checkpoint, read_eos_token_ids
+from verl_tlt.engine.weights import load_pretrained, load_weights, read_eos_token_ids
 from verl_tlt.spec.logits import LogitsParams, token_log_probs
 from verl_tlt.spec.strategy import SpecStrategy
 from verl_tlt.spec.verify import emitted_positions, verify_tree
@@ -99,11 +99,7 @@ class RolloutEngine:
         drafter may be a Drafter or the path of an exported EAGLE drafter (`verl-tlt drafter warmup` output), which
         is loaded against this target (shared embedding and LM head).
         """
-        from transformers import AutoConfig
-
-        config = AutoConfig.from_pretrained(path)
-        model = CausalLM(ModelSpec.from_hf_config(config)).to(device=device, dtype=dtype)
-        load_weights(model, read_checkpoint(path), strict=True)
+        model, config = load_pretrained(path, device=device, dtype=dtype)
         kwargs.setdefault("eos_token_ids", read_eos_token_ids(path, config))
         drafter = kwargs.pop("drafter", None)
         engine = cls(model, **kwargs)

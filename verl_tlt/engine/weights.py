@@ -7,10 +7,11 @@ import json
 import logging
 import os
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
-from verl_tlt.engine.model import CausalLM
+from verl_tlt.engine.model import CausalLM, ModelSpec
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +33,18 @@ def read_checkpoint(path: str) -> Iterable[tuple[str, torch.Tensor]]:
 
     logger.info("No safetensors in %s; loading the state dict through transformers", path)
     yield from AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).state_dict().items()
+
+
+def load_pretrained(
+    path: str, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+) -> tuple[CausalLM, Any]:
+    """The engine's model built from a local transformers checkpoint directory, and its transformers config."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path)
+    model = CausalLM(ModelSpec.from_hf_config(config)).to(device=device, dtype=dtype)
+    load_weights(model, read_checkpoint(path), strict=True)
+    return model, config
 
 
 def load_weights(model: CausalLM, named_tensors: Iterable[tuple[str, torch.Tensor]], *, strict: bool) -> int:

@@ -176,9 +176,9 @@ class TLTRuntime:
         if self.tlt.drafter.train and self.pool.available:
             shared = ray.get(self.servers[0].target_shared_weights.remote())
             self.pool.update_target_weights(shared)
-        if step % self.tlt.drafter.sync_every == 0:
-            self.push_drafter()
         status = self.pool.status() or {}
+        if step % self.tlt.drafter.sync_every == 0:
+            self.push_drafter(owner_version=status.get("version"))
         last = status.get("last_metrics") or {}
         self.metrics.update(
             {
@@ -195,8 +195,14 @@ class TLTRuntime:
             if key in last:
                 self.metrics[f"tlt/drafter/{key}"] = float(last[key])
 
-    def push_drafter(self, force: bool = False) -> bool:
-        """Load the newest drafter into every replica if its version changed; True if it was pushed."""
+    def push_drafter(self, force: bool = False, owner_version: int | None = None) -> bool:
+        """Load the newest drafter into every replica if its version changed; True if it was pushed.
+
+        owner_version: the owner's current version if already known (from its status); when it equals the
+        version the replicas run, the weights are not even fetched.
+        """
+        if not force and owner_version is not None and owner_version == self.pushed_version:
+            return False
         latest = self.pool.latest_weights()
         if latest is None:
             return False
