@@ -157,10 +157,10 @@ class DrafterTrainer:
 
     # ----- checkpoints ---------------------------------------------------------------------------------------
 
-    def save_checkpoint(self, directory: str | os.PathLike, *, include_samples: bool = True, wait: bool = False):
-        """Copy the state to CPU now, write it in the background (atomically). Returns the thread."""
-        self.wait_for_save()
-        state = {
+    def state_dict(self, *, include_samples: bool = True) -> dict:
+        """CPU copies of everything training continues from: model, optimizer, step, RNG, buffer cursor
+        (and, optionally, the buffer's samples)."""
+        return {
             "model": {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()},
             "optimizer": _to_cpu(self.optimizer.state_dict()),
             "global_step": self.global_step,
@@ -168,6 +168,19 @@ class DrafterTrainer:
             "config": asdict(self.config),
             "buffer": _to_cpu(self.buffer.state_dict(include_samples=include_samples)),
         }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from `state_dict()` output (this trainer's or another's with the same drafter shape)."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.global_step = state["global_step"]
+        self.generator.set_state(state["generator"])
+        self.buffer.load_state_dict(state["buffer"])
+
+    def save_checkpoint(self, directory: str | os.PathLike, *, include_samples: bool = True, wait: bool = False):
+        """Copy the state to CPU now, write it in the background (atomically). Returns the thread."""
+        self.wait_for_save()
+        state = self.state_dict(include_samples=include_samples)
         self._save_thread = threading.Thread(target=_write_atomically, args=(state, Path(directory)), daemon=True)
         self._save_thread.start()
         if wait:
@@ -184,14 +197,9 @@ class DrafterTrainer:
         if not path.exists():
             raise FileNotFoundError(f"No drafter trainer checkpoint at {path}")
         try:
-            state = torch.load(path, map_location="cpu", weights_only=False)
-            self.model.load_state_dict(state["model"])
+            self.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
         except Exception as error:  # corrupt file or a drafter of another shape
             raise ValueError(f"Cannot load drafter trainer checkpoint {path}: {error}") from error
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.global_step = state["global_step"]
-        self.generator.set_state(state["generator"])
-        self.buffer.load_state_dict(state["buffer"])
 
 
 def drafter_forward(model: EagleDrafterModel, batch: PackedBatch, input_hidden: torch.Tensor) -> torch.Tensor:

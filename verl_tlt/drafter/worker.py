@@ -127,24 +127,11 @@ class DrafterWorker:
 
     def training_state(self) -> dict[str, Any]:
         """Everything another worker needs to continue this drafter's training (samples excluded)."""
-        trainer = self.spot.trainer
-        return {
-            "model": self.spot.weights(),
-            "optimizer": trainer.optimizer.state_dict(),
-            "global_step": trainer.global_step,
-            "generator": trainer.generator.get_state(),
-            "buffer": trainer.buffer.state_dict(include_samples=False),
-            "version": self.spot.version,
-            "total_steps": self.spot.total_steps,
-        }
+        state = self.spot.trainer.state_dict(include_samples=False)
+        return {**state, "version": self.spot.version, "total_steps": self.spot.total_steps}
 
     def load_training_state(self, state: dict[str, Any]) -> None:
-        trainer = self.spot.trainer
-        trainer.model.load_state_dict(state["model"])
-        trainer.optimizer.load_state_dict(state["optimizer"])
-        trainer.global_step = state["global_step"]
-        trainer.generator.set_state(state["generator"])
-        trainer.buffer.load_state_dict(state["buffer"])
+        self.spot.trainer.load_state_dict(state)
         self.spot.adopt(state["version"], state["total_steps"])
 
     def load_weights(self, version: int, weights: dict[str, torch.Tensor]) -> None:

@@ -114,6 +114,7 @@ class SpotCoordinator:
 
     def _metrics(self) -> dict[str, float]:
         stats = self.schedule.stats
+        steps = sum(b.get("burst_steps", 0) for b in self._bursts)
         metrics = {
             "tlt/spot/idle_replica_s": stats.idle_replica_seconds,
             "tlt/spot/trained_replica_s": stats.trained_replica_seconds,
@@ -122,9 +123,8 @@ class SpotCoordinator:
             "tlt/spot/starts": float(stats.num_starts),
             "tlt/spot/stop_latency_s": max(self._stop_seconds, default=0.0),
             "tlt/spot/poll_errors": float(self.poll_errors),
-            "tlt/drafter/burst_steps": float(sum(b.get("burst_steps", 0) for b in self._bursts)),
+            "tlt/drafter/burst_steps": float(steps),
         }
-        steps = sum(b.get("burst_steps", 0) for b in self._bursts)
         if steps:
             metrics["tlt/drafter/step_s"] = sum(b.get("burst_seconds", 0.0) for b in self._bursts) / steps
         return metrics
