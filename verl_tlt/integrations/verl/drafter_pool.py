@@ -79,10 +79,7 @@ class DrafterPool:
     def update_target_weights(self, named_tensors: dict) -> None:
         with self._lock:
             self.settle()
-            ref = ray.put(named_tensors)
-            calls = {r: w.update_target_weights.remote(ref) for r, w in self._live()}
-            for rank, call in calls.items():
-                self._get(rank, call)
+            self._call_all("update_target_weights", ray.put(named_tensors))
 
     # ----- training --------------------------------------------------------------------------------------------
 
@@ -150,14 +147,18 @@ class DrafterPool:
     def load(self, directory: str, version: int, total_steps: int) -> None:
         """Every worker resumes from the checkpoint (so whichever trains next continues it)."""
         with self._lock:
-            calls = {r: w.load.remote(directory, version, total_steps) for r, w in self._live()}
-            for rank, call in calls.items():
-                self._get(rank, call, ok=True)
+            self._call_all("load", directory, version, total_steps)
 
     # ----- internals -------------------------------------------------------------------------------------------
 
     def _live(self) -> list[tuple[int, Any]]:
         return [(r, w) for r, w in enumerate(self.workers) if self.alive[r]]
+
+    def _call_all(self, method: str, *args) -> None:
+        """Call `method` on every live worker at once, then wait for each (losing the ones that fail)."""
+        calls = {rank: getattr(worker, method).remote(*args) for rank, worker in self._live()}
+        for rank, call in calls.items():
+            self._get(rank, call)
 
     def _hand_over(self, rank: int) -> bool:
         begin = time.monotonic()
