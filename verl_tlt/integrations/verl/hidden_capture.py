@@ -100,7 +100,7 @@ class HiddenStateCapture:
             logger.warning("TLT capture expects verl's nested (no-padding) batch layout; skipping this step")
             return
         offsets = input_ids.offsets().tolist()
-        totals = [b - a for a, b in zip(offsets, offsets[1:], strict=False)]
+        totals = input_ids.offsets().diff().tolist()
         responses = response_mask.offsets().diff().tolist()
         rows = choose_rows_for_capture(responses, totals, self._armed[1])
         values = input_ids.values()
@@ -136,21 +136,22 @@ class HiddenStateCapture:
         input_ids, response_mask = micro_batch["input_ids"], micro_batch["response_mask"]
         offsets = input_ids.offsets().tolist()
         values = input_ids.values()
-        num_tokens = offsets[-1]
-        if hidden.dim() == 3 and hidden.shape[0] == 1 and hidden.shape[1] >= num_tokens:
-            packed = hidden[0, :num_tokens]  # remove-padding layout (a static pad may follow the tokens)
-        elif hidden.dim() == 3 and hidden.shape[0] == len(offsets) - 1:
-            lengths = [b - a for a, b in zip(offsets, offsets[1:], strict=False)]
-            packed = torch.cat([hidden[i, :n] for i, n in enumerate(lengths)])  # padded rows
-        else:
-            logger.warning("TLT capture: unexpected hidden-state shape %s; skipped", tuple(hidden.shape))
-            return
         rows = []
         for row in range(len(offsets) - 1):
             key = _sequence_key(values[offsets[row] : offsets[row + 1]])
             if self._wanted.get(key, 0) > 0:
                 self._wanted[key] -= 1
                 rows.append(row)
-        if rows:
-            responses = response_mask.unbind()
-            self.samples += samples_from_packed(values, packed, offsets, responses, rows, self._armed[0])
+        if not rows:  # nothing of this micro-batch was chosen: copy nothing
+            return
+        num_tokens = offsets[-1]
+        if hidden.dim() == 3 and hidden.shape[0] == 1 and hidden.shape[1] >= num_tokens:
+            packed = hidden[0, :num_tokens]  # remove-padding layout (a static pad may follow the tokens)
+        elif hidden.dim() == 3 and hidden.shape[0] == len(offsets) - 1:
+            lengths = input_ids.offsets().diff().tolist()
+            packed = torch.cat([hidden[i, :n] for i, n in enumerate(lengths)])  # padded rows
+        else:
+            logger.warning("TLT capture: unexpected hidden-state shape %s; skipped", tuple(hidden.shape))
+            return
+        responses = response_mask.unbind()
+        self.samples += samples_from_packed(values, packed, offsets, responses, rows, self._armed[0])
