@@ -152,7 +152,7 @@ def run_comparison(args: argparse.Namespace) -> dict:
         wall[name] = round(result.wall_s, 1)
     complete = set(runs) == set(RUNS)
     return {
-        "job": "toy GRPO on CPU, torch rollout, 2 replicas: baseline vs TLT vs TLT with a frozen drafter",
+        "job": f"toy GRPO on CPU, torch rollout, {args.replicas} replicas: baseline vs TLT vs TLT, frozen drafter",
         **(headline(runs) if complete else {}),
         "wall_s": wall,
         "runs": runs,
