@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -60,6 +62,18 @@ class FakeWorker:
         return list(self.calls)
 
 
+def kill_and_wait(actor) -> None:
+    """ray.kill returns before the actor is gone; wait until calls to it fail."""
+    ray.kill(actor)
+    for _ in range(200):
+        try:
+            ray.get(actor.get_calls.remote(), timeout=5)
+        except Exception:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the killed actor still answers")
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
@@ -109,7 +123,7 @@ def test_a_dead_owner_is_replaced_from_the_last_published_weights(workers):
     pool.score_and_add([1])
     assert pool.start([0]) == 0 and pool.stop()["version"] == 1
     assert pool.latest_weights() == (1, {"w": 1})
-    ray.kill(workers[0])
+    kill_and_wait(workers[0])
     assert pool.status() is None or not pool.alive[0]  # the owner's death is noticed on the next call
     pool.score_and_add([2])
     pool.settle()
@@ -122,7 +136,7 @@ def test_a_dead_owner_is_replaced_from_the_last_published_weights(workers):
 def test_losing_every_worker_leaves_the_pool_unavailable_not_raising(workers):
     pool = DrafterPool(workers, call_timeout_s=20)
     for worker in workers:
-        ray.kill(worker)
+        kill_and_wait(worker)
     pool.score_and_add([1])
     assert pool.settle() is None
     assert not pool.available and pool.failures == 3
