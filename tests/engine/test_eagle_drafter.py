@@ -100,3 +100,47 @@ def test_drafter_rejects_a_target_of_another_size(engine, tiny_qwen2):
     wider = EagleDrafterModel(type(engine.model.spec)(**{**engine.model.spec.__dict__, "hidden_size": 32}))
     with pytest.raises(ValueError, match="does not fit the target"):
         wider.attach(other.model)
+
+
+def begin_rows(drafter: EagleDrafter, lengths: list[int], seed: int) -> list[DraftContext]:
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for length in lengths:
+        sequence = torch.randint(3, 60, (length,), generator=generator).tolist()
+        hidden = torch.randn(length - 1, drafter.model.spec.hidden_size, generator=generator)
+        rows.append(DraftContext(sequence, 0, hidden))
+    return rows
+
+
+@pytest.mark.parametrize("lengths", [[7], [6, 6], [9, 4, 6]], ids=["one_row", "equal_rows", "ragged_rows"])
+def test_chain_extension_equals_the_general_tree_path(engine, lengths):
+    """extend_chain (no ancestor masks; no mask at all for equal rows) drafts exactly what expand does."""
+    drafter: EagleDrafter = engine.drafter
+    rows = begin_rows(drafter, lengths, seed=3)
+    tokens = torch.tensor([[11, 12, 13, 14]]).expand(len(rows), -1)
+    drafter.begin(rows)
+    via_tree = [
+        drafter.expand(torch.full((len(rows), 1), d), torch.full((len(rows), 1), d - 1), tokens[:, d - 1 : d])[:, 0]
+        for d in range(1, 4)
+    ]
+    drafter.reset()
+    drafter.begin(rows)
+    via_chain = [drafter.extend_chain(d, tokens[:, d - 1]) for d in range(1, 4)]
+    for chain_logits, tree_logits in zip(via_chain, via_tree, strict=True):
+        assert close(chain_logits, tree_logits)
+
+
+def test_chain_extension_refuses_nodes_out_of_order(engine):
+    drafter: EagleDrafter = engine.drafter
+    with pytest.raises(RuntimeError, match="before begin"):
+        drafter.extend_chain(1, torch.tensor([5]))
+    drafter.begin(begin_rows(drafter, [5], seed=4))
+    with pytest.raises(RuntimeError, match="does not continue the chain"):
+        drafter.extend_chain(2, torch.tensor([5]))
+    drafter.extend_chain(1, torch.tensor([5]))
+    with pytest.raises(RuntimeError, match="after extend_chain"):
+        drafter.expand(torch.tensor([[2]]), torch.tensor([[1]]), torch.tensor([[6]]))
+    drafter.begin(begin_rows(drafter, [5], seed=5))  # a new step starts a new chain
+    drafter.expand(torch.tensor([[1]]), torch.tensor([[0]]), torch.tensor([[6]]))
+    with pytest.raises(RuntimeError, match="after tree expansions"):
+        drafter.extend_chain(1, torch.tensor([5]))

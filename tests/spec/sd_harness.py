@@ -13,7 +13,7 @@ import torch
 
 from verl_tlt.spec.logits import LogitsParams
 from verl_tlt.spec.strategy import SpecStrategy
-from verl_tlt.spec.tree import build_chain, build_eagle2_tree
+from verl_tlt.spec.tree import build_chain, build_eagle2_tree, chain_from_expand
 from verl_tlt.spec.verify import verify_tree
 
 
@@ -68,7 +68,9 @@ def speculative_sample(
         root_tokens = torch.tensor([seq[-1] for seq in sequences])
         root_logits = drafter.logits(sequences)
         if strategy.is_chain:
-            tree = build_chain(root_tokens, root_logits, expand, params, strategy.depth, [None] * rows, generator)
+            tree = build_chain(
+                root_tokens, root_logits, chain_from_expand(expand), params, strategy.depth, [None] * rows, generator
+            )
         else:
             tree = build_eagle2_tree(root_tokens, root_logits, expand, params, strategy)
         node_tokens, parents = tree.tokens.tolist(), tree.parents.tolist()

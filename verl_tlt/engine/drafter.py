@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from verl_tlt.spec.tree import chain_from_expand
+
 
 @dataclass
 class DraftContext:
@@ -48,6 +50,14 @@ class Drafter(ABC):
     @abstractmethod
     def expand(self, node_ids: torch.Tensor, parent_ids: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Raw draft logits [B, m, V] after new tree nodes (node/parent search ids and tokens, each [B, m])."""
+
+    def extend_chain(self, depth: int, tokens: torch.Tensor) -> torch.Tensor:
+        """Raw draft logits [B, V] after chain node `depth` (tokens [B]), whose parent is node depth - 1 (0 = root).
+
+        Chains are the common case and need no ancestor bookkeeping; the default goes through `expand`, and
+        drafters override it with a cheaper path.
+        """
+        return chain_from_expand(self.expand)(depth, tokens)
 
     def move_slot(self, src: int, dst: int) -> None:  # noqa: B027 - optional hook, stateless drafters ignore it
         """The engine moved the row in slot `src` to slot `dst` (compaction after a request finished)."""

@@ -4,8 +4,9 @@ Pair j of a row is (target hidden h_j, token t_{j+1}) at position j; the drafter
 `begin` feeds the new pairs and keeps each row's last output feature (the root's feature, which predicts the
 token after the root). `expand` feeds tree nodes: node c with parent p is the pair (feature(p), token(c)) at
 position committed + depth(p), one past its parent, written in scratch cache slots after the committed pairs and
-attending to the committed pairs plus its expanded ancestors. Scratch entries are simply
-overwritten by the next `begin`, so nothing needs rolling back.
+attending to the committed pairs plus its expanded ancestors. Chains take `extend_chain`, the same layout
+without the bookkeeping: chain node d sits in scratch column d - 1 and its ancestors are exactly the columns
+before it. Scratch entries are simply overwritten by the next `begin`, so nothing needs rolling back.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ class EagleDrafter(Drafter):
         layer_spec = dataclasses.replace(model.spec, num_layers=1)
         self.cache = SlotKVCache(layer_spec, dtype=self.dtype, device=self.device, max_len=max_len)
         self.synced: list[int] = []  # pairs in each slot's cache
-        self._search: _TreeSearchState | None = None
+        self._root: _DraftRoot | None = None  # set by begin: where this step's chain or tree starts
+        self._search: _TreeSearchState | None = None  # tree bookkeeping, made by the first expand after begin
 
     @property
     def vocab_size(self) -> int:
@@ -45,31 +47,66 @@ class EagleDrafter(Drafter):
         counts = [len(row.token_ids) - 1 - row.num_synced for row in rows]
         if min(counts) < 1:
             raise ValueError(f"EagleDrafter.begin needs at least one new (hidden, token) pair per row, got {counts}")
-        width = max(counts)
-        tokens = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)
-        hidden = torch.zeros(len(rows), width, self.model.spec.hidden_size, dtype=self.dtype, device=self.device)
         for b, row in enumerate(rows):
             if row.hidden_states is None or row.hidden_states.shape[0] != counts[b]:
                 raise ValueError(f"EagleDrafter needs {counts[b]} target hidden states for row {b}")
-            tokens[b, : counts[b]] = torch.tensor(row.token_ids[starts[b] + 1 :], device=self.device)
-            hidden[b, : counts[b]] = row.hidden_states
-        start = torch.tensor(starts, device=self.device)
-        positions = start.unsqueeze(1) + torch.arange(width, device=self.device)  # [B, T]; padding runs past the end
-        kv_len = int(positions.max()) + 1
+        width = max(counts)
+        if len(rows) == 1:  # the long tail's common case: no padding to build
+            tokens = torch.tensor([rows[0].token_ids[starts[0] + 1 :]], device=self.device)
+            hidden = rows[0].hidden_states.unsqueeze(0)
+        else:
+            tokens = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)
+            hidden = torch.zeros(len(rows), width, self.model.spec.hidden_size, dtype=self.dtype, device=self.device)
+            for b, row in enumerate(rows):
+                tokens[b, : counts[b]] = torch.tensor(row.token_ids[starts[b] + 1 :], device=self.device)
+                hidden[b, : counts[b]] = row.hidden_states
+        positions = torch.tensor(starts, device=self.device).unsqueeze(1) + torch.arange(width, device=self.device)
+        kv_len = max(starts) + width  # [B, T] positions; padding runs past a row's end
         self.cache.ensure_capacity(len(rows), kv_len)
         mask = torch.arange(kv_len, device=self.device).view(1, 1, kv_len) <= positions.unsqueeze(-1)
-        features = self._forward(tokens, hidden, positions, positions, mask.unsqueeze(1))
-        last = torch.tensor(counts, device=self.device) - 1
-        root_features = features[torch.arange(len(rows)), last]  # [B, H]
+        features = self._forward(tokens, hidden, positions, positions, mask.unsqueeze(1), kv_len)
+        if len(rows) == 1:
+            root_features = features[:, -1]
+        else:
+            root_features = features[torch.arange(len(rows)), torch.tensor(counts, device=self.device) - 1]  # [B, H]
         self.synced[: len(rows)] = [s + c for s, c in zip(starts, counts, strict=True)]
-        self._search = _TreeSearchState(root_features, torch.tensor(self.synced[: len(rows)], device=self.device))
+        self._root = _DraftRoot(root_features, self.synced[: len(rows)], self.device)
+        self._search = None
         return self.model.logits(root_features)
 
     @torch.inference_mode()
+    def extend_chain(self, depth: int, tokens: torch.Tensor) -> torch.Tensor:
+        """Chain node `depth` sits at position committed + depth - 1 and attends to everything before it.
+
+        No ancestor masks: the scratch columns before it hold exactly its ancestors, so the mask is a length
+        limit, and none at all when every row has the same committed length (batch 1).
+        """
+        root = self._started()
+        if self._search is not None or depth != root.chain_depth + 1:
+            raise RuntimeError(
+                f"EagleDrafter.extend_chain: node {depth} does not continue the chain (depth {root.chain_depth}"
+                f"{', after tree expansions' if self._search is not None else ''}); call begin first"
+            )
+        rows = tokens.shape[0]
+        parent = root.features if depth == 1 else root.chain_features
+        kv_len = root.max_committed + depth
+        self.cache.ensure_capacity(rows, kv_len)
+        positions = (root.committed + (depth - 1)).unsqueeze(1)  # [B, 1]
+        mask = None
+        if not root.uniform:
+            mask = (torch.arange(kv_len, device=self.device) <= positions).view(rows, 1, 1, kv_len)
+        features = self._forward(tokens.unsqueeze(1), parent.unsqueeze(1), positions, positions, mask, kv_len)[:, 0]
+        root.chain_features, root.chain_depth = features, depth
+        return self.model.logits(features)
+
+    @torch.inference_mode()
     def expand(self, node_ids: torch.Tensor, parent_ids: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        root = self._started()
+        if root.chain_depth:
+            raise RuntimeError("EagleDrafter.expand after extend_chain: call begin first")
+        if self._search is None:
+            self._search = _TreeSearchState(root.features, root.committed)
         search = self._search
-        if search is None:
-            raise RuntimeError("EagleDrafter.expand called before begin")
         parent_features, positions, write_pos, ancestors = search.add_nodes(node_ids, parent_ids)
         kv_len = int(write_pos.max()) + 1
         self.cache.ensure_capacity(node_ids.shape[0], kv_len)
@@ -79,7 +116,7 @@ class EagleDrafter(Drafter):
             ancestors
         )
         mask.scatter_(2, scratch, ancestors)  # plus the node's expanded ancestors and itself
-        features = self._forward(tokens, parent_features, positions, write_pos, mask.unsqueeze(1))
+        features = self._forward(tokens, parent_features, positions, write_pos, mask.unsqueeze(1), kv_len)
         search.store_features(features)
         return self.model.logits(features)
 
@@ -90,16 +127,34 @@ class EagleDrafter(Drafter):
 
     def reset(self) -> None:
         self.synced = [0] * len(self.synced)
+        self._root = None
         self._search = None
 
     def _ensure_slots(self, count: int) -> None:
         if len(self.synced) < count:
             self.synced.extend([0] * (count - len(self.synced)))
 
-    def _forward(self, tokens, hidden, positions, write_pos, mask) -> torch.Tensor:
-        cos, sin = self.model.target.rotary_tables(positions, self.dtype)
-        batch = AttentionBatch(row_start=0, write_pos=write_pos, attn_mask=mask, cos=cos, sin=sin)
+    def _started(self) -> _DraftRoot:
+        if self._root is None:
+            raise RuntimeError("EagleDrafter: extend_chain/expand called before begin")
+        return self._root
+
+    def _forward(self, tokens, hidden, positions, write_pos, mask, kv_len: int) -> torch.Tensor:
+        cos, sin = self.model.target.rotary_tables(positions, self.dtype, max_position=kv_len)
+        batch = AttentionBatch(row_start=0, write_pos=write_pos, attn_mask=mask, cos=cos, sin=sin, kv_len=kv_len)
         return self.model(tokens, hidden, batch, self.cache.k[0], self.cache.v[0])
+
+
+class _DraftRoot:
+    """What `begin` leaves for this step's drafting: each row's root feature and committed pair count."""
+
+    def __init__(self, features: torch.Tensor, committed: list[int], device: torch.device):
+        self.features = features  # [B, H]
+        self.committed = torch.tensor(committed, device=device)  # [B]
+        self.max_committed = max(committed)
+        self.uniform = min(committed) == self.max_committed
+        self.chain_depth = 0  # chain nodes drafted so far (extend_chain)
+        self.chain_features: torch.Tensor | None = None
 
 
 class _TreeSearchState:

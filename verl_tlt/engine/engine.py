@@ -362,7 +362,7 @@ class RolloutEngine:
         return self.drafter is not None and self.drafter_error is None and self.drafter.uses_hidden_states
 
     def _forward(self, input_ids, positions, row_start, write_pos, mask) -> torch.Tensor:
-        cos, sin = self.model.rotary_tables(positions, self.dtype)
+        cos, sin = self.model.rotary_tables(positions, self.dtype, max_position=mask.shape[-1])
         batch = AttentionBatch(row_start=row_start, write_pos=write_pos, attn_mask=mask, cos=cos, sin=sin)
         return self.model(input_ids, positions, batch, self.cache.k, self.cache.v)
 

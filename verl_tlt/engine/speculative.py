@@ -37,7 +37,7 @@ def draft_trees(
     if strategy.is_chain:
         generators = [r.generator for r in requests]
         return build_chain(
-            root_tokens, root_logits, drafter.expand, params, strategy.depth, generators, default_generator
+            root_tokens, root_logits, drafter.extend_chain, params, strategy.depth, generators, default_generator
         )
     return build_eagle2_tree(root_tokens, root_logits, drafter.expand, params, strategy)
 
@@ -53,6 +53,9 @@ def tree_forward_layout(tree: DraftTree, cache_lens: torch.Tensor) -> tuple[torc
     device = tree.tokens.device
     kv_len = int(cache_lens.max()) + num_nodes
     write_pos = cache_lens.unsqueeze(1) + torch.arange(num_nodes, device=device)  # [B, N+1]
+    if tree.is_chain:  # a chain's nodes are its own ancestors in order: the mask is causal
+        mask = torch.arange(kv_len, device=device).view(1, 1, kv_len) <= write_pos.unsqueeze(-1)
+        return write_pos, write_pos, mask.unsqueeze(1)
     prefix = torch.arange(kv_len, device=device).unsqueeze(0) < cache_lens.unsqueeze(1)  # [B, L]
     mask = prefix.unsqueeze(1).expand(rows, num_nodes, kv_len).clone()
     mask.scatter_(2, write_pos.unsqueeze(1).expand(rows, num_nodes, num_nodes), tree_attention_mask(tree.parents))

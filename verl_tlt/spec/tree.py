@@ -4,10 +4,12 @@ A tree holds the root (the last committed token, not yet in the target's KV cach
 tokens after it, parents before children. One target forward over all nodes, with the ancestor mask from
 `tree_attention_mask` and positions `cache_len + depths`, yields the target distribution at every node.
 
-The drafter is reached through an `expand` callback, so any draft model (EAGLE head, small LM, test stand-in)
-can drive the same search: expand(node_ids [B, m], parent_ids [B, m], tokens [B, m]) -> raw logits [B, m, V]
+The drafter is reached through callbacks, so any draft model (EAGLE head, small LM, test stand-in) can drive
+the same search. Trees use expand(node_ids [B, m], parent_ids [B, m], tokens [B, m]) -> raw logits [B, m, V]
 for the next token after each node. Node ids are search ids: 0 is the root, new candidates count up from 1 in
-creation order, and every parent id passed to expand was itself passed (or is the root) earlier.
+creation order, and every parent id passed to expand was itself passed (or is the root) earlier. Chains use
+extend(depth, tokens [B]) -> raw logits [B, V]: node `depth` below node `depth - 1` in every row, which a
+drafter can serve without any ancestor bookkeeping (`chain_from_expand` derives it from an expand callback).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from verl_tlt.spec.logits import LogitsParams
 from verl_tlt.spec.strategy import SpecStrategy
 
 ExpandFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+ChainExtendFn = Callable[[int, torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -36,16 +39,27 @@ class DraftTree:
     parents: torch.Tensor
     depths: torch.Tensor
     draft_probs: torch.Tensor | None = None
+    is_chain: bool = False  # node i's parent is i - 1 in every row (verification can use a causal mask)
 
     @property
     def num_nodes(self) -> int:
         return self.tokens.shape[1]
 
 
+def chain_from_expand(expand: ExpandFn) -> ChainExtendFn:
+    """A chain callback built on a tree callback: chain node d has search id d and parent d - 1."""
+
+    def extend(depth: int, tokens: torch.Tensor) -> torch.Tensor:
+        node_ids = torch.full((tokens.shape[0], 1), depth, dtype=torch.long, device=tokens.device)
+        return expand(node_ids, node_ids - 1, tokens.unsqueeze(-1))[:, 0]
+
+    return extend
+
+
 def build_chain(
     root_tokens: torch.Tensor,
     root_logits: torch.Tensor,
-    expand: ExpandFn,
+    extend: ChainExtendFn,
     params: LogitsParams,
     depth: int,
     generators: list[torch.Generator | None],
@@ -55,29 +69,36 @@ def build_chain(
 
     Args:
         root_tokens: [B] last committed token per row. root_logits: [B, V] raw draft logits after it.
+        extend: the drafter's chain callback (see the module docstring).
         generators: per-row generator (None = default_generator) for the draft samples.
     Returns:
-        DraftTree with draft_probs set (speculative sampling needs q for min(1, p/q) and the residual).
+        DraftTree with draft_probs set (speculative sampling needs q for min(1, p/q) and the residual), or None
+        when every row is greedy: greedy verification never reads q, so the chain is just argmaxes of the raw
+        logits (processing cannot move the argmax: temperature is 1 for greedy rows and top-k/top-p keep the top).
     """
-    rows = root_tokens.shape[0]
-    greedy = params.is_greedy.tolist()
-    tokens, probs = [root_tokens], [torch.zeros_like(root_logits, dtype=torch.float32)]
+    rows, device = root_tokens.shape[0], root_tokens.device
+    greedy = params.greedy_rows
+    all_greedy = all(greedy)
+    tokens, probs = [root_tokens], [] if all_greedy else [torch.zeros_like(root_logits, dtype=torch.float32)]
     logits = root_logits
     for level in range(1, depth + 1):
-        draft_probs = params.process(logits).softmax(dim=-1)  # [B, V]
-        drafted = draft_probs.argmax(dim=-1)
-        for row in range(rows):
-            if not greedy[row]:
-                generator = generators[row] or default_generator
-                drafted[row] = torch.multinomial(draft_probs[row], 1, generator=generator)[0]
+        if all_greedy:
+            drafted = logits.argmax(dim=-1)
+        else:
+            draft_probs = params.process(logits).softmax(dim=-1)  # [B, V]
+            drafted = draft_probs.argmax(dim=-1)
+            for row in range(rows):
+                if not greedy[row]:
+                    generator = generators[row] or default_generator
+                    drafted[row] = torch.multinomial(draft_probs[row], 1, generator=generator)[0]
+            probs.append(draft_probs)
         tokens.append(drafted)
-        probs.append(draft_probs)
         if level < depth:
-            node_ids = torch.full((rows, 1), level, dtype=torch.long, device=root_tokens.device)
-            logits = expand(node_ids, node_ids - 1, drafted.unsqueeze(-1))[:, 0]
-    positions = torch.arange(depth + 1, device=root_tokens.device).expand(rows, depth + 1)
+            logits = extend(level, drafted)
+    positions = torch.arange(depth + 1, device=device).expand(rows, depth + 1)
     parents = (positions - 1).clamp(min=0)
-    return DraftTree(torch.stack(tokens, dim=1), parents, positions.clone(), torch.stack(probs, dim=1))
+    draft_probs = None if all_greedy else torch.stack(probs, dim=1)
+    return DraftTree(torch.stack(tokens, dim=1), parents, positions.clone(), draft_probs, is_chain=True)
 
 
 def build_eagle2_tree(

@@ -1,0 +1,39 @@
+"""Pieces of the engine's model module that the engine tests reach only indirectly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from verl_tlt.engine.model import AttentionBatch, RotaryEmbedding
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_table_rows_equal_the_direct_computation(dtype):
+    rotary = RotaryEmbedding(head_dim=32, theta=10000.0)
+    positions = torch.tensor([[0, 5, 300], [1023, 7, 2]])
+    direct = rotary(positions, dtype)
+    small = rotary(torch.tensor([[3]]), dtype, max_position=4)  # builds a short table first, then grows it
+    from_table = rotary(positions, dtype, max_position=1024)
+    assert small[0].dtype == dtype and from_table[0].shape == direct[0].shape
+    for table_part, direct_part in zip(from_table, direct, strict=True):
+        torch.testing.assert_close(table_part, direct_part, rtol=0, atol=1e-6)
+
+
+def test_rotary_table_is_usable_by_training_code_after_inference():
+    rotary = RotaryEmbedding(head_dim=8, theta=10000.0)
+    with torch.inference_mode():
+        rotary(torch.tensor([[1, 2]]), torch.float32, max_position=16)
+    weight = torch.ones(8, requires_grad=True)
+    cos, _ = rotary(torch.tensor([[1, 2]]), torch.float32, max_position=16)
+    (cos * weight).sum().backward()  # an inference-mode table would refuse to be saved for backward
+    assert weight.grad is not None
+
+
+def test_attention_batch_without_a_mask_needs_its_length():
+    positions = torch.tensor([[4]])
+    cos = sin = torch.zeros(1, 1, 8)
+    assert AttentionBatch(0, positions, None, cos, sin, kv_len=5).kv_len == 5
+    assert AttentionBatch(0, positions, torch.ones(1, 1, 1, 7, dtype=torch.bool), cos, sin).kv_len == 7
+    with pytest.raises(ValueError, match="kv_len"):
+        AttentionBatch(0, positions, None, cos, sin)
