@@ -101,8 +101,22 @@ class LogitsParams:
         """Per-row greedy flags as Python bools (computed once; the engine reuses params while its batch holds)."""
         return self.is_greedy.tolist()
 
+    @functools.cached_property
+    def _scale(self) -> torch.Tensor:
+        """[B, 1] divisor: the temperature, or 1.0 for greedy rows (as in process_logits)."""
+        return torch.where(self.is_greedy, torch.ones_like(self.temperature), self.temperature).float().unsqueeze(-1)
+
+    @functools.cached_property
+    def _filters(self) -> bool:
+        """Whether any row uses top-k or top-p; rows without either need only the temperature."""
+        # top_k >= vocab is a no-op too, but the vocab is unknown here; process_logits sorts that out.
+        return bool((self.top_k > 0).any()) or bool((self.top_p < 1.0).any())
+
     def process(self, logits: torch.Tensor) -> torch.Tensor:
         """process_logits for logits [B, V] or [B, M, V] (every position of row b uses row b's parameters)."""
+        if not self._filters:  # the common RL case: one division, decided once per batch composition
+            scale = self._scale if logits.dim() == 2 else self._scale.unsqueeze(-1)
+            return logits.float() / scale
         if logits.dim() == 2:
             return process_logits(logits, self.temperature, self.top_k, self.top_p)
         rows, positions, vocab = logits.shape
