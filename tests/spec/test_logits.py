@@ -36,3 +36,21 @@ def test_rows_use_their_own_parameters():
     out = process_logits(logits, torch.tensor([1.0, 2.0]), torch.tensor([3, -1]), torch.tensor([1.0, 1.0]))
     assert torch.isfinite(out[0]).sum() == 3 and torch.isfinite(out[1]).all()
     assert torch.allclose(out[1], logits[1] / 2)
+
+
+def test_logits_params_process_equals_process_logits_with_and_without_filters():
+    from verl_tlt.spec import LogitsParams
+
+    logits = torch.randn(3, 4, 11, generator=torch.Generator().manual_seed(0)) * 3
+    for top_k, top_p in (([-1, -1, -1], [1.0, 1.0, 1.0]), ([-1, 3, -1], [1.0, 1.0, 0.7])):
+        params = LogitsParams.from_lists([0.0, 0.7, 1.3], top_k, top_p)
+        for batch in (logits[:, 0], logits):  # [B, V] and [B, M, V]
+            flat = batch.reshape(-1, 11)
+            positions = flat.shape[0] // 3
+            expected = process_logits(
+                flat,
+                params.temperature.repeat_interleave(positions),
+                params.top_k.repeat_interleave(positions),
+                params.top_p.repeat_interleave(positions),
+            )
+            assert torch.equal(params.process(batch).reshape(-1, 11), expected)
