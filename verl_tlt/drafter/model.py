@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from verl_tlt.engine.model import AttentionBatch, CausalLM, DecoderLayer, ModelSpec, SmallBatchLinear
+from verl_tlt.engine.cpu_linear import CpuLayoutLinear
+from verl_tlt.engine.model import AttentionBatch, CausalLM, DecoderLayer, ModelSpec
 
 
 class EagleDrafterModel(nn.Module):
@@ -26,7 +27,7 @@ class EagleDrafterModel(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
         self.spec = spec
-        self.fc = SmallBatchLinear(2 * spec.hidden_size, spec.hidden_size, bias=False)
+        self.fc = CpuLayoutLinear(2 * spec.hidden_size, spec.hidden_size, bias=False)
         self.layer = DecoderLayer(spec)
         self.layer.input_layernorm = nn.Identity()  # EAGLE drops it: fc's output is not a residual-stream state
         self._target: tuple[CausalLM, ...] = ()  # a tuple keeps the target out of parameters and state_dict

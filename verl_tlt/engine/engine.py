@@ -33,8 +33,9 @@ from verl_tlt.spec.verify import emitted_positions, verify_tree
 
 logger = logging.getLogger(__name__)
 
-# The CPU small-batch weight layout doubles weight memory; by default only models up to this size use it.
-SMALL_BATCH_LAYOUT_MAX_BYTES = 1 << 30
+# CPU weight layouts keep up to two extra copies of each linear weight; by default only models up to this size use
+# them.
+CPU_LAYOUTS_MAX_BYTES = 1 << 30
 
 
 class RolloutEngine:
@@ -50,7 +51,7 @@ class RolloutEngine:
         drafter: Drafter | None = None,
         max_draft_tokens: int = 64,
         policy: AdaptivePolicy | None = None,
-        small_batch_layout: bool | None = None,
+        cpu_layouts: bool | None = None,
     ):
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
@@ -59,12 +60,12 @@ class RolloutEngine:
         self.model = model.eval()
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        if small_batch_layout is None:  # auto: fp32 on CPU, when doubling the weight memory stays small
+        if cpu_layouts is None:  # auto: fp32 on CPU, when the extra weight copies stay small
             weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
             # bf16 matrix-vector products were faster in nn.Linear's own layout (`verl-tlt bench verify`, k=1 rows).
             is_fp32_cpu = self.device.type == "cpu" and self.dtype == torch.float32
-            small_batch_layout = is_fp32_cpu and weight_bytes <= SMALL_BATCH_LAYOUT_MAX_BYTES
-        model.use_small_batch_layout(small_batch_layout)
+            cpu_layouts = is_fp32_cpu and weight_bytes <= CPU_LAYOUTS_MAX_BYTES
+        model.use_cpu_layouts(cpu_layouts)
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len or model.spec.max_position_embeddings

@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from verl_tlt.engine.cpu_linear import CpuLayoutLinear, invalidate_cpu_layouts, set_cpu_layouts
+
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
-# Up to this many positions per forward, CPU linears may use transposed weight copies (CausalLM.use_small_batch_layout).
-SMALL_BATCH_ROWS = 4
 
 
 @dataclass(frozen=True)
@@ -170,47 +170,14 @@ class RotaryEmbedding(nn.Module):
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-class SmallBatchLinear(nn.Linear):
-    """nn.Linear that can serve small CPU batches from a transposed weight copy (see CausalLM.use_small_batch_layout).
-
-    Parameters and names are nn.Linear's, so checkpoints and weight syncs are unaffected.
-    """
-
-    small_batch_layout = False
-
-    def invalidate(self) -> None:
-        self._by_column = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        trains = torch.is_grad_enabled() and self.weight.requires_grad  # the copy is detached: never train through it
-        if (
-            self.small_batch_layout
-            and not trains
-            and x.device.type == "cpu"
-            and x.numel() // x.shape[-1] <= SMALL_BATCH_ROWS
-        ):
-            out = x @ self._weight_by_column()
-            return out + self.bias if self.bias is not None else out
-        return super().forward(x)
-
-    def _weight_by_column(self) -> torch.Tensor:
-        # In-place updates of the parameter itself (optimizer steps, load_state_dict) bump its version; writes through
-        # `.data` views (the engine's weight loads) do not, so those call invalidate() explicitly.
-        version = self.weight._version
-        cached = getattr(self, "_by_column", None)
-        if cached is None or cached[0] != version:
-            cached = self._by_column = (version, self.weight.detach().t().contiguous())
-        return cached[1]
-
-
 class Attention(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.q_size, self.kv_size = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
         # q, k and v in one matmul (fewer kernel calls per layer); hf_weight_views() exposes the HF names.
-        self.qkv_proj = SmallBatchLinear(spec.hidden_size, self.q_size + 2 * self.kv_size, bias=spec.attention_bias)
-        self.o_proj = SmallBatchLinear(self.q_size, spec.hidden_size, bias=spec.output_bias)
+        self.qkv_proj = CpuLayoutLinear(spec.hidden_size, self.q_size + 2 * self.kv_size, bias=spec.attention_bias)
+        self.o_proj = CpuLayoutLinear(self.q_size, spec.hidden_size, bias=spec.output_bias)
         if spec.qk_norm:
             self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps)
             self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps)
@@ -257,8 +224,8 @@ class MLP(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
         self.intermediate_size = spec.intermediate_size
-        self.gate_up_proj = SmallBatchLinear(spec.hidden_size, 2 * spec.intermediate_size, bias=False)
-        self.down_proj = SmallBatchLinear(spec.intermediate_size, spec.hidden_size, bias=False)
+        self.gate_up_proj = CpuLayoutLinear(spec.hidden_size, 2 * spec.intermediate_size, bias=False)
+        self.down_proj = CpuLayoutLinear(spec.intermediate_size, spec.hidden_size, bias=False)
 
     def hf_weight_views(self) -> dict[str, torch.Tensor]:
         """transformers' gate_proj/up_proj weights as views into the fused gate_up_proj."""
@@ -303,7 +270,7 @@ class CausalLM(nn.Module):
         super().__init__()
         self.spec = spec
         self.model = DecoderBody(spec)
-        self.lm_head = SmallBatchLinear(spec.hidden_size, spec.vocab_size, bias=False)
+        self.lm_head = CpuLayoutLinear(spec.hidden_size, spec.vocab_size, bias=False)
         if spec.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = RotaryEmbedding(spec.head_dim, spec.rope_theta)
@@ -325,23 +292,17 @@ class CausalLM(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
 
-    def use_small_batch_layout(self, enabled: bool) -> None:
-        """Keep [in, out] copies of every linear weight for CPU forwards of <= SMALL_BATCH_ROWS positions.
+    def use_cpu_layouts(self, enabled: bool) -> None:
+        """Serve CPU inference forwards from weight copies in faster kernel layouts (see `engine.cpu_linear`).
 
-        On CPU, matrix-vector products against cache-cold weights run faster with the weight stored by column,
-        while batched products prefer nn.Linear's [out, in] layout (`verl-tlt bench engine` shows the effect at
-        batch 1); so both are kept, doubling weight memory. Copies are rebuilt lazily
-        after `invalidate_weight_caches` (called by every weight load).
+        Each linear keeps at most a transposed copy (products of <= 4 rows with small weights) and a oneDNN-packed
+        copy (large products), built lazily, so weight memory can up to triple. Copies are rebuilt after
+        `invalidate_weight_caches` (called by every weight load).
         """
-        for module in self.modules():
-            if isinstance(module, SmallBatchLinear):
-                module.small_batch_layout = enabled
-                module.invalidate()
+        set_cpu_layouts(self, enabled)
 
     def invalidate_weight_caches(self) -> None:
-        for module in self.modules():
-            if isinstance(module, SmallBatchLinear):
-                module.invalidate()
+        invalidate_cpu_layouts(self)
 
     def hf_weight_views(self) -> dict[str, torch.Tensor]:
         """Every weight under its transformers name; fused projections appear as views of their parts.

@@ -1,0 +1,101 @@
+"""nn.Linear whose CPU inference forwards run from weight copies laid out for the fastest kernel at that size.
+
+Why: in fp32 on CPU, `nn.Linear` goes to the BLAS GEMM (MKL in the stock wheels), and two other kernels beat it
+by shape on the machines we measured (`verl-tlt bench engine`; the table in the README):
+- a product with a large weight goes faster through oneDNN with the weight pre-packed into its blocked layout
+  (the route torch.compile's CPU backend and IPEX take): up to 4.5x on an AMD EPYC (AVX-512), where MKL does not
+  use its fastest kernels;
+- a matrix-vector product (at most SMALL_BATCH_ROWS rows) with a small weight goes faster as `x @ W^T` against a
+  transposed contiguous copy than through the GEMM call.
+Everything else stays on `nn.Linear`. The copies are derived from the parameter, never trained through, and
+rebuilt after every weight change (the parameter's version counter, or `invalidate()` for writes through
+`.data`, which is how the engine loads weights). Parameters and names are nn.Linear's, so checkpoints and
+weight syncs are unaffected.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+# Up to this many rows, a small product may use the transposed copy.
+SMALL_BATCH_ROWS = 4
+# From this many multiply-adds (rows x in x out) on, the oneDNN packed kernel wins despite its ~12 us fixed cost
+# per call (measured crossover: 0.26M MACs were faster unpacked, 0.52-0.79M about even, 0.84M+ faster packed).
+PACKED_MIN_MACS = 600_000
+
+_packed_kernel_usable: bool | None = None  # decided on first use: this torch build may lack the oneDNN ops
+
+
+class CpuLayoutLinear(nn.Linear):
+    """nn.Linear with optional CPU inference layouts (off until `cpu_layouts` is set; see the module docstring)."""
+
+    cpu_layouts = False
+
+    def invalidate(self) -> None:
+        self._by_column = None
+        self._packed = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        trains = torch.is_grad_enabled() and self.weight.requires_grad  # copies are detached: never train through
+        if not self.cpu_layouts or trains or x.device.type != "cpu" or self.weight.dtype != torch.float32:
+            return super().forward(x)
+        rows = x.numel() // x.shape[-1]
+        if rows * self.in_features * self.out_features >= PACKED_MIN_MACS and _packed_kernel_available():
+            try:
+                packed = self._layout("_packed", lambda w: torch.ops.mkldnn._reorder_linear_weight(w, None))
+                return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
+            except RuntimeError as error:  # a torch build whose oneDNN ops refuse: nn.Linear from now on
+                _disable_packed_kernel(error)
+        if rows <= SMALL_BATCH_ROWS:
+            out = x @ self._layout("_by_column", lambda w: w.t().contiguous())
+            return out + self.bias if self.bias is not None else out
+        return super().forward(x)
+
+    def _layout(self, name: str, build) -> torch.Tensor:
+        # In-place updates of the parameter itself (optimizer steps, load_state_dict) bump its version; writes through
+        # `.data` views (the engine's weight loads) do not, so those call invalidate() explicitly.
+        version = self.weight._version
+        cached = getattr(self, name, None)
+        if cached is None or cached[0] != version:
+            cached = (version, build(self.weight.detach()))
+            setattr(self, name, cached)
+        return cached[1]
+
+
+def set_cpu_layouts(module: nn.Module, enabled: bool) -> None:
+    """Turn the CPU inference layouts of every CpuLayoutLinear under `module` on or off (dropping old copies)."""
+    for child in module.modules():
+        if isinstance(child, CpuLayoutLinear):
+            child.cpu_layouts = enabled
+            child.invalidate()
+
+
+def invalidate_cpu_layouts(module: nn.Module) -> None:
+    """Forget every weight copy under `module` (after writing weights through `.data`)."""
+    for child in module.modules():
+        if isinstance(child, CpuLayoutLinear):
+            child.invalidate()
+
+
+def _packed_kernel_available() -> bool:
+    global _packed_kernel_usable
+    if _packed_kernel_usable is None:
+        ops = getattr(torch.ops, "mkldnn", None)
+        _packed_kernel_usable = bool(
+            torch.backends.mkldnn.is_available()
+            and ops is not None
+            and hasattr(ops, "_reorder_linear_weight")
+            and hasattr(ops, "_linear_pointwise")
+        )
+    return _packed_kernel_usable
+
+
+def _disable_packed_kernel(error: Exception) -> None:
+    global _packed_kernel_usable
+    _packed_kernel_usable = False
+    logger.warning("oneDNN packed linear unavailable in this torch build (%s); using nn.Linear", error)
