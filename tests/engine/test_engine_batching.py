@@ -134,19 +134,20 @@ def test_cpu_layouts_follow_weight_loads(tiny_qwen2):
     assert torch.allclose(torch.tensor(a.log_probs), torch.tensor(b.log_probs), atol=1e-5)
 
 
-@pytest.mark.parametrize("rows", [1, 3, 40], ids=["transposed", "transposed_3_rows", "packed"])
+@pytest.mark.parametrize("rows", [1, 2, 37], ids=["transposed", "transposed_2_rows", "packed_padded"])
 def test_cpu_layouts_match_nn_linear_and_never_serve_a_forward_that_trains(rows):
     from verl_tlt.engine import cpu_linear
     from verl_tlt.engine.cpu_linear import CpuLayoutLinear
 
-    linear = CpuLayoutLinear(128, 256)
+    linear = CpuLayoutLinear(512, 512)
     linear.cpu_layouts = True
-    x = torch.randn(rows, 128)
-    assert (rows * 128 * 256 >= cpu_linear.PACKED_MIN_MACS) == (rows == 40)
+    x = torch.randn(rows, 512)
+    assert 512 * 512 >= cpu_linear.PACKED_MIN_WEIGHT
+    assert (rows * 512 * 512 >= cpu_linear.PACKED_MIN_MACS) == (rows == 37)
     with torch.no_grad():
         served = linear(x)
-    copy = "_packed" if rows == 40 else "_by_column"
-    if rows == 40 and not cpu_linear._packed_kernel_available():
+    copy = "_packed" if rows == 37 else "_by_column"
+    if rows == 37 and not cpu_linear._packed_kernel_available():
         pytest.skip("this torch build has no oneDNN packed linear")
     assert getattr(linear, copy) is not None  # the forward used the copy
     assert torch.allclose(served, torch.nn.functional.linear(x, linear.weight, linear.bias), atol=1e-5)
@@ -155,3 +156,11 @@ def test_cpu_layouts_match_nn_linear_and_never_serve_a_forward_that_trains(rows)
     with torch.no_grad():
         linear.weight.add_(1.0)  # an in-place update (optimizer step) must refresh the copy
         assert torch.allclose(linear(x), torch.nn.functional.linear(x, linear.weight, linear.bias), atol=1e-4)
+
+
+def test_packed_products_run_on_few_padded_row_counts():
+    from verl_tlt.engine.cpu_linear import packed_rows
+
+    sizes = [packed_rows(rows) for rows in range(1, 8193)]
+    assert all(size >= rows and size <= max(8, 1.25 * rows) for rows, size in enumerate(sizes, start=1))
+    assert sizes == sorted(sizes) and len(set(sizes)) <= 45  # each distinct size costs one kernel compilation

@@ -7,10 +7,15 @@ by shape on the machines we measured (`verl-tlt bench engine`; the table in the 
   use its fastest kernels;
 - a matrix-vector product (at most SMALL_BATCH_ROWS rows) with a small weight goes faster as `x @ W^T` against a
   transposed contiguous copy than through the GEMM call.
-Everything else stays on `nn.Linear`. The copies are derived from the parameter, never trained through, and
-rebuilt after every weight change (the parameter's version counter, or `invalidate()` for writes through
-`.data`, which is how the engine loads weights). Parameters and names are nn.Linear's, so checkpoints and
-weight syncs are unaffected.
+Everything else stays on `nn.Linear`.
+
+oneDNN compiles a kernel for every new row count it sees (~0.4 ms each on that machine), and a rollout's row
+counts change every step; so packed products run on a few padded row counts (`packed_rows`: at most 25% padding,
+four sizes per doubling), and each kernel is compiled once per process.
+
+The copies are derived from the parameter, never trained through, and rebuilt after every weight change (the
+parameter's version counter, or `invalidate()` for writes through `.data`, which is how the engine loads weights).
+Parameters and names are nn.Linear's, so checkpoints and weight syncs are unaffected.
 """
 
 from __future__ import annotations
@@ -24,9 +29,12 @@ logger = logging.getLogger(__name__)
 
 # Up to this many rows, a small product may use the transposed copy.
 SMALL_BATCH_ROWS = 4
-# From this many multiply-adds (rows x in x out) on, the oneDNN packed kernel wins despite its ~12 us fixed cost
-# per call (measured crossover: 0.26M MACs were faster unpacked, 0.52-0.79M about even, 0.84M+ faster packed).
+# The oneDNN packed kernel serves products of at least this many multiply-adds (rows x in x out) with weights of at
+# least this many elements. Below, its ~12 us fixed cost per call outweighs the gain: in isolation 0.26M MACs ran
+# faster unpacked and 0.84M+ faster packed, but in engine runs on the toy model (weights <= 128 x 1024, cache-resident)
+# the packed kernel made speculative steps 10-20% slower, while the 50M model (512-wide) gained 1.6-4.5x per product.
 PACKED_MIN_MACS = 600_000
+PACKED_MIN_WEIGHT = 1 << 18
 
 _packed_kernel_usable: bool | None = None  # decided on first use: this torch build may lack the oneDNN ops
 
@@ -45,16 +53,25 @@ class CpuLayoutLinear(nn.Linear):
         if not self.cpu_layouts or trains or x.device.type != "cpu" or self.weight.dtype != torch.float32:
             return super().forward(x)
         rows = x.numel() // x.shape[-1]
-        if rows * self.in_features * self.out_features >= PACKED_MIN_MACS and _packed_kernel_available():
+        weight_size = self.in_features * self.out_features
+        if weight_size >= PACKED_MIN_WEIGHT and rows * weight_size >= PACKED_MIN_MACS and _packed_kernel_available():
             try:
-                packed = self._layout("_packed", lambda w: torch.ops.mkldnn._reorder_linear_weight(w, None))
-                return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
+                return self._packed_forward(x, rows)
             except RuntimeError as error:  # a torch build whose oneDNN ops refuse: nn.Linear from now on
                 _disable_packed_kernel(error)
         if rows <= SMALL_BATCH_ROWS:
             out = x @ self._layout("_by_column", lambda w: w.t().contiguous())
             return out + self.bias if self.bias is not None else out
         return super().forward(x)
+
+    def _packed_forward(self, x: torch.Tensor, rows: int) -> torch.Tensor:
+        packed = self._layout("_packed", lambda w: torch.ops.mkldnn._reorder_linear_weight(w, None))
+        flat = x.reshape(rows, self.in_features)
+        padded_rows = packed_rows(rows)
+        if padded_rows != rows:
+            flat = torch.nn.functional.pad(flat, (0, 0, 0, padded_rows - rows))
+        out = torch.ops.mkldnn._linear_pointwise(flat, packed, self.bias, "none", [], "")
+        return out[:rows].view(*x.shape[:-1], self.out_features)
 
     def _layout(self, name: str, build) -> torch.Tensor:
         # In-place updates of the parameter itself (optimizer steps, load_state_dict) bump its version; writes through
@@ -65,6 +82,14 @@ class CpuLayoutLinear(nn.Linear):
             cached = (version, build(self.weight.detach()))
             setattr(self, name, cached)
         return cached[1]
+
+
+def packed_rows(rows: int) -> int:
+    """The row count a packed product of `rows` rows runs at: 8 below 8, else rounded up to a quarter-octave step."""
+    if rows <= 8:
+        return 8
+    step = 1 << (rows.bit_length() - 3)  # 9-16 rows: steps of 2; 17-32: of 4; ...
+    return -(-rows // step) * step
 
 
 def set_cpu_layouts(module: nn.Module, enabled: bool) -> None:
