@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from verl_tlt.spec.draws import draw_rows, multinomial_rows
 from verl_tlt.spec.logits import LogitsParams
 from verl_tlt.spec.strategy import SpecStrategy
 
@@ -77,8 +78,8 @@ def build_chain(
         logits (processing cannot move the argmax: temperature is 1 for greedy rows and top-k/top-p keep the top).
     """
     rows, device = root_tokens.shape[0], root_tokens.device
-    greedy = params.greedy_rows
-    all_greedy = all(greedy)
+    sampled_rows = [row for row, greedy in enumerate(params.greedy_rows) if not greedy]
+    all_greedy = not sampled_rows
     tokens, probs = [root_tokens], [] if all_greedy else [torch.zeros_like(root_logits, dtype=torch.float32)]
     logits = root_logits
     for level in range(1, depth + 1):
@@ -87,10 +88,10 @@ def build_chain(
         else:
             draft_probs = params.process(logits).softmax(dim=-1)  # [B, V]
             drafted = draft_probs.argmax(dim=-1)
-            for row in range(rows):
-                if not greedy[row]:
-                    generator = generators[row] or default_generator
-                    drafted[row] = torch.multinomial(draft_probs[row], 1, generator=generator)[0]
+            sampled = torch.tensor(sampled_rows, device=device)
+            drafted[sampled] = draw_rows(
+                sampled_rows, generators, default_generator, multinomial_rows(draft_probs[sampled])
+            )
             probs.append(draft_probs)
         tokens.append(drafted)
         if level < depth:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from verl_tlt.spec.draws import draw_rows, multinomial_rows
 from verl_tlt.spec.tree import DraftTree
 
 # Below this residual mass the residual is treated as exhausted (only reachable through rounding).
@@ -56,6 +57,8 @@ def verify_tree(
     Returns:
         One VerifyResult per row.
     """
+    if tree.is_chain:
+        return _verify_chains(tree, target_logits, is_greedy, generators, default_generator)
     tokens = tree.tokens.tolist()
     parents = tree.parents.tolist()
     greedy = is_greedy.tolist()
@@ -127,15 +130,70 @@ def _walk_sampled(
         node = accepted
 
 
-def _reject(residual: torch.Tensor, token: int, draft_probs: torch.Tensor | None) -> torch.Tensor:
-    """normalize(max(r - q, 0)); q is the point mass on `token` when draft_probs is None."""
+def _verify_chains(
+    tree: DraftTree,
+    target_logits: torch.Tensor,
+    is_greedy: torch.Tensor,
+    generators: list[torch.Generator | None],
+    default_generator: torch.Generator | None,
+) -> list[VerifyResult]:
+    """verify_tree for chains, vectorised over rows: the same acceptance rule as the tree walk, a few tensor ops per
+    batch instead of a few per node. Greedy rows take the longest prefix matching the target's argmax; sampled rows
+    accept draft i while u_i * q_i(x_i) < p_i(x_i) and then draw one token from the residual at the first rejection
+    (or from p after the last node). Each row draws its uniforms and its final token from its own generator when it
+    has one, so its samples do not depend on the rest of the batch."""
+    rows, num_nodes = tree.tokens.shape
+    depth = num_nodes - 1
+    drafted = tree.tokens[:, 1:]  # [B, k]; drafted[:, i] is node i + 1, drawn from the drafter at node i
+    greedy = is_greedy.tolist()
+    accepted = torch.zeros(rows, dtype=torch.long, device=tree.tokens.device)
+    final = torch.zeros(rows, dtype=torch.long, device=tree.tokens.device)
+    greedy_rows = [row for row in range(rows) if greedy[row]]
+    sampled_rows = [row for row in range(rows) if not greedy[row]]
+    if greedy_rows:
+        index = torch.tensor(greedy_rows, device=tree.tokens.device)
+        argmax = target_logits[index].argmax(dim=-1)  # [G, N+1]
+        matches = drafted[index] == argmax[:, :-1]
+        count = matches.long().cumprod(dim=-1).sum(dim=-1)
+        accepted[index] = count
+        final[index] = argmax.gather(1, count.unsqueeze(1)).squeeze(1)
+    if sampled_rows:
+        index = torch.tensor(sampled_rows, device=tree.tokens.device)
+        probs = target_logits[index].softmax(dim=-1)  # [S, N+1, V]
+        tokens = drafted[index]
+        p = probs[:, :-1].gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # [S, k]: target prob of each draft
+        if tree.draft_probs is None:  # point-mass drafts
+            draft_dists, q = None, torch.ones_like(p)
+        else:
+            draft_dists = tree.draft_probs[index, 1:]  # [S, k, V]
+            q = draft_dists.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        uniforms = draw_rows(
+            sampled_rows, generators, default_generator, lambda g, n: torch.rand(n, depth, generator=g, device=p.device)
+        )
+        count = (uniforms * q < p).long().cumprod(dim=-1).sum(dim=-1)  # [S] accepted drafts per row
+        arange = torch.arange(len(sampled_rows), device=p.device)
+        at = probs[arange, count]  # p at the node after the last accepted draft: [S, V]
+        rejected = count < depth
+        stop = count.clamp(max=depth - 1)  # the rejected draft (ignored where nothing was rejected)
+        residual = _reject(at, tokens[arange, stop], None if draft_dists is None else draft_dists[arange, stop])
+        last = torch.where(rejected.unsqueeze(-1), residual, at)
+        final[index] = draw_rows(sampled_rows, generators, default_generator, multinomial_rows(last)).view(-1)
+        accepted[index] = count
+    counts, finals, drafts = accepted.tolist(), final.tolist(), drafted.tolist()
+    return [
+        VerifyResult(list(range(counts[row] + 1)), drafts[row][: counts[row]] + [finals[row]]) for row in range(rows)
+    ]
+
+
+def _reject(residual: torch.Tensor, token, draft_probs: torch.Tensor | None) -> torch.Tensor:
+    """normalize(max(r - q, 0)) for r [..., V]; q is the point mass on `token` when draft_probs is None.
+
+    Works on one distribution (token an int) or a batch of rows (token a tensor of the leading shape)."""
     if draft_probs is None:
-        updated = residual.clone()
-        updated[token] = 0.0
+        index = torch.as_tensor(token, device=residual.device).reshape(*residual.shape[:-1], 1)
+        updated = residual.scatter(-1, index, 0.0)
     else:
         updated = (residual - draft_probs).clamp(min=0.0)
-    mass = float(updated.sum())
-    if mass <= _RESIDUAL_EPS:
-        # r == q up to rounding: a rejection had probability ~0, and r itself is the right distribution.
-        return residual
-    return updated / mass
+    mass = updated.sum(dim=-1, keepdim=True)
+    # Where r == q up to rounding, a rejection had probability ~0, and r itself is the right distribution.
+    return torch.where(mass <= _RESIDUAL_EPS, residual, updated / mass.clamp(min=_RESIDUAL_EPS))
