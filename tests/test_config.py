@@ -77,6 +77,7 @@ def test_speculative_group_validates_values_with_the_key_and_a_fix():
         ({"strategies": ["4-1-4"]}, "depth_topk_treetokens"),
         ({"strategies": []}, "non-empty"),
         ({"epsilon": 2.0}, "tlt.speculative.epsilon must be in [0, 1]"),
+        ({"probe_rate": 2.0}, "tlt.speculative.probe_rate must be in [0, 1]"),
     ]
     for values, message in cases:
         with pytest.raises(ValueError, match=re.escape(message)):

@@ -55,7 +55,20 @@ class SpeculativeConfig:
             "bucket, so the policy can learn where SD does not pay, even at batch 1)."
         },
     )
-    epsilon: float = field(default=0.1, metadata={"help": "Exploration rate of the epsilon-greedy bandits."})
+    epsilon: float = field(
+        default=0.1,
+        metadata={
+            "help": "Exploration rate of the epsilon-greedy bandits among the arms of the current mode (the SD "
+            "strategies while speculating; switching between them is free)."
+        },
+    )
+    probe_rate: float = field(
+        default=0.02,
+        metadata={
+            "help": "Chance per decode step to probe the other mode (plain while speculating, a random SD strategy "
+            "while decoding plainly) for a short burst; crossing modes costs a drafter catch-up, so it is rarer."
+        },
+    )
     window: int = field(
         default=32, metadata={"help": "Latest observations per arm whose median (tokens/s per request) ranks it."}
     )
@@ -72,8 +85,10 @@ class SpeculativeConfig:
                 raise ValueError(f"{path}.{key} must be >= 1, got {getattr(self, key)}; e.g. {path}.{key}=32")
         if self.min_dwell_steps < 0:
             raise ValueError(f"{path}.min_dwell_steps must be >= 0, got {self.min_dwell_steps}")
-        if not 0.0 <= self.epsilon <= 1.0:
-            raise ValueError(f"{path}.epsilon must be in [0, 1], got {self.epsilon}; e.g. {path}.epsilon=0.1")
+        for key, example in (("epsilon", 0.1), ("probe_rate", 0.02)):
+            value = getattr(self, key)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{path}.{key} must be in [0, 1], got {value}; e.g. {path}.{key}={example}")
         buckets = list(self.buckets)
         if not buckets or buckets[0] != 1 or buckets != sorted(set(buckets)) or buckets[-1] > self.threshold:
             raise ValueError(

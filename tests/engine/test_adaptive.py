@@ -71,7 +71,7 @@ def test_one_arm_per_bucket_still_works():
 
 def test_hysteresis_bounds_plain_sd_switching():
     # At the plain/SD border the two arms are nearly equal, so an unprotected bandit would flap constantly.
-    policy = AdaptivePolicy(config(epsilon=0.5, min_dwell_steps=4))
+    policy = AdaptivePolicy(config(epsilon=0.5, min_dwell_steps=4, probe_rate=0.0))
     chosen = play(policy, 20, 400, random.Random(0))
     modes = ["plain" if name == PLAIN else "sd" for name in chosen]
     switches = sum(a != b for a, b in zip(modes, modes[1:], strict=False))
@@ -84,6 +84,43 @@ def test_hysteresis_bounds_plain_sd_switching():
             runs.append(current)
             current = 1
     assert min(runs[1:] or [4]) >= 4  # every mode is held for at least min_dwell_steps steps
+
+
+def mode_runs(chosen: list[str]) -> list[tuple[str, int]]:
+    runs: list[tuple[str, int]] = []
+    for name in chosen:
+        mode = PLAIN if name == PLAIN else "sd"
+        if runs and runs[-1][0] == mode:
+            runs[-1] = (mode, runs[-1][1] + 1)
+        else:
+            runs.append((mode, 1))
+    return runs
+
+
+@pytest.mark.parametrize("batch_size,best_mode", [(20, PLAIN), (1, "sd")])
+def test_the_other_mode_is_probed_rarely_and_briefly(batch_size, best_mode):
+    # Crossing modes costs a drafter catch-up, so after the forced samples the losing mode is only probed: one
+    # plain step, or two SD steps (the first is the catch-up), about probe_rate of the steps, without dwelling.
+    policy = AdaptivePolicy(config(epsilon=0.1, min_dwell_steps=4, probe_rate=0.05, plain_arm_min_batch=1))
+    rng = random.Random(0)
+    play(policy, batch_size, 60, rng)
+    probes_before = policy.num_probes
+    runs = mode_runs(play(policy, batch_size, 1000, rng))
+    other = [length for mode, length in runs if mode != best_mode]
+    assert other and max(other) == (2 if best_mode == PLAIN else 1)
+    probes = policy.num_probes - probes_before  # a few probes land right after a probe and add no run of their own
+    assert 0.02 * 1000 <= len(other) <= probes <= 0.08 * 1000
+
+
+def test_a_catch_up_step_is_not_rewarded():
+    policy = AdaptivePolicy(config(strategies=("4_1_4",), min_dwell_steps=0, min_samples=1, epsilon=0.0))
+    first = policy.select(3)  # forced sampling: 4_1_4 first, entering SD from plain
+    assert first is not None and first.name == "4_1_4"
+    policy.observe(first, 3, committed_tokens=3, seconds=1.0)  # the catch-up step: not recorded
+    assert policy.arms[1]["4_1_4"].plays == 0
+    second = policy.select(3)
+    policy.observe(second, 3, committed_tokens=30, seconds=1.0)
+    assert policy.arms[1]["4_1_4"].plays == 1 and policy.arms[1]["4_1_4"].median() == 10.0
 
 
 def test_same_seed_same_decisions_and_state_is_inspectable():
@@ -103,6 +140,7 @@ def test_same_seed_same_decisions_and_state_is_inspectable():
         ({"strategies": ()}, "non-empty"),
         ({"strategies": ("4-1-4",)}, "depth_topk_treetokens"),
         ({"epsilon": 1.5}, "epsilon"),
+        ({"probe_rate": -0.1}, "probe_rate"),
         ({"window": 0}, "window"),
     ],
 )

@@ -9,12 +9,20 @@ comparable across the batch sizes that share a bucket. Each arm keeps a window o
 judged by their median, so a few noisy steps cannot capture the policy.
 
 Exploration: every arm is tried `min_samples` times first (in a fixed order), then with probability `epsilon` a
-random arm is played, otherwise the best median. Unlike the reference implementation, whose buckets held one
-strategy each and so never explored, every bucket here has several arms.
+random arm of the current mode is played (another SD strategy while speculating), otherwise the best median.
+Crossing between plain and SD is not free: the first speculative step after plain ones must catch the drafter up
+on every token decoded plainly, and with a drafter that does not pay, each SD step costs several plain ones. So the
+other mode is explored only by rare probes (`probe_rate` per step): one plain step, or PROBE_SD_STEPS speculative
+steps with a random strategy. Unlike the reference implementation, whose buckets held one strategy each and so
+never explored, every bucket here has several arms.
 
-Hysteresis: switching between plain and SD (either way) is allowed only after `min_dwell_steps` steps in the
-current mode; SD strategies may change every step (the torch engine switches them for free). Deterministic under
-`seed`; `state()` shows everything the policy believes.
+The first speculative step after plain decoding is not rewarded: its time is mostly that catch-up, a cost of
+switching rather than of the strategy (the hysteresis below accounts for switching).
+
+Hysteresis: switching between plain and SD (either way) by the greedy choice is allowed only after
+`min_dwell_steps` steps in the current mode; probes, and the return from a probe, do not wait. SD strategies may
+change every step (the torch engine switches them for free). Deterministic under `seed`; `state()` shows
+everything the policy believes.
 """
 
 from __future__ import annotations
@@ -28,6 +36,9 @@ from verl_tlt.config import SpeculativeConfig
 from verl_tlt.spec.strategy import SpecStrategy
 
 PLAIN = "plain"
+# Speculative steps of a probe from plain mode: the first pays the drafter catch-up (not rewarded), the second is
+# measured.
+PROBE_SD_STEPS = 2
 
 
 # The knobs are the `tlt.speculative` block itself: one dataclass, one set of defaults, validated at construction.
@@ -57,7 +68,11 @@ class AdaptivePolicy:
         self.mode = PLAIN  # PLAIN or "sd": what the last step did
         self.steps_in_mode = 0
         self.num_mode_switches = 0
+        self.num_probes = 0
         self.last_choice: tuple[int | None, str] = (None, PLAIN)
+        self._probe: tuple[str, int] | None = None  # (arm, steps left) of a running probe
+        self._in_probe_mode = False  # the current mode was entered by a probe: leaving it needs no dwell
+        self._catch_up_step = False  # the coming SD step follows plain ones: its reward is not recorded
 
     # ----- decisions -----------------------------------------------------------------------------------------
 
@@ -70,16 +85,27 @@ class AdaptivePolicy:
     def select(self, batch_size: int) -> SpecStrategy | None:
         """The strategy for the next decode step of `batch_size` requests (None = plain decoding)."""
         bucket = self.bucket_of(batch_size)
-        choice = PLAIN if bucket is None else self._bandit_choice(bucket)
-        choice = self._apply_hysteresis(bucket, choice)
-        self._enter_mode(PLAIN if choice == PLAIN else "sd")
+        if bucket is None:
+            self._probe = None
+            choice, probing = PLAIN, False
+        else:
+            choice, probing = self._bandit_choice(bucket)
+        if not probing:
+            choice = self._apply_hysteresis(bucket, choice)
+        mode = PLAIN if choice == PLAIN else "sd"
+        if mode != self.mode:
+            self._in_probe_mode = probing  # a probe opened this mode: leaving it needs no dwell
+        elif not probing:
+            self._in_probe_mode = False  # the greedy choice holds this mode now
+        self._enter_mode(mode)
         self.last_choice = (bucket, choice)
         return None if choice == PLAIN else self.strategies[choice]
 
     def observe(self, strategy: SpecStrategy | None, batch_size: int, committed_tokens: int, seconds: float) -> None:
         """Record a finished decode step (strategy None = plain)."""
+        catch_up, self._catch_up_step = self._catch_up_step and strategy is not None, False
         bucket = self.bucket_of(batch_size)
-        if bucket is None or seconds <= 0 or batch_size < 1:
+        if bucket is None or seconds <= 0 or batch_size < 1 or catch_up:
             return
         name = PLAIN if strategy is None else strategy.name
         arm = self.arms[bucket].get(name)
@@ -98,6 +124,7 @@ class AdaptivePolicy:
         return {
             "mode": self.mode,
             "num_mode_switches": self.num_mode_switches,
+            "num_probes": self.num_probes,
             "buckets": {
                 lower: {
                     name: {"plays": arm.plays, "median_reward": arm.median() if arm.rewards else None}
@@ -110,18 +137,34 @@ class AdaptivePolicy:
 
     # ----- internals -----------------------------------------------------------------------------------------
 
-    def _bandit_choice(self, bucket: int) -> str:
+    def _bandit_choice(self, bucket: int) -> tuple[str, bool]:
+        """(arm, whether it is a probe of the other mode)."""
         arms = self.arms[bucket]
+        if self._probe is not None:  # a running probe continues while its arm exists in this bucket
+            name, left = self._probe
+            self._probe = (name, left - 1) if left > 1 else None
+            if name in arms:
+                return name, True
         for name, arm in arms.items():
             if arm.plays < self.config.min_samples:
-                return name
-        if self.rng.random() < self.config.epsilon:
-            return self.rng.choice(list(arms))
-        return self.best_arm(bucket)
+                return name, False
+        draw = self.rng.random()
+        other = [name for name in arms if (name == PLAIN) != (self.mode == PLAIN)]
+        if draw < self.config.probe_rate and other:
+            name = self.rng.choice(other)
+            if name != PLAIN and PROBE_SD_STEPS > 1:
+                self._probe = (name, PROBE_SD_STEPS - 1)
+            self.num_probes += 1
+            return name, True
+        same = [name for name in arms if (name == PLAIN) == (self.mode == PLAIN)]
+        # Right after a probe the greedy choice decides whether to stay, so probes stay short.
+        if draw < self.config.probe_rate + self.config.epsilon and same and not self._in_probe_mode:
+            return self.rng.choice(same), False
+        return self.best_arm(bucket), False
 
     def _apply_hysteresis(self, bucket: int | None, choice: str) -> str:
         wants = PLAIN if choice == PLAIN else "sd"
-        if wants == self.mode or self.steps_in_mode >= self.config.min_dwell_steps:
+        if wants == self.mode or self.steps_in_mode >= self.config.min_dwell_steps or self._in_probe_mode:
             return choice
         if self.mode == PLAIN or bucket is None:
             return PLAIN
@@ -133,5 +176,6 @@ class AdaptivePolicy:
         if mode == self.mode:
             self.steps_in_mode += 1
             return
+        self._catch_up_step = mode == "sd"
         self.mode, self.steps_in_mode = mode, 1
         self.num_mode_switches += 1
