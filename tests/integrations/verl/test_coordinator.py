@@ -225,7 +225,7 @@ def test_poll_errors_are_counted_not_raised():
     def flaky() -> list[int]:
         if len(failures) < 3:
             failures.append(1)
-            raise TimeoutError("num_in_flight timed out")
+            raise TimeoutError("drain check timed out")
         failures.append(0)
         return [1, 1]
 

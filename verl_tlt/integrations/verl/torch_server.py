@@ -214,9 +214,6 @@ class TorchRolloutServer:
         custom = self.config.get("custom") or {}
         return TLTConfig.from_dict(custom.get("tlt"), prefix="actor_rollout_ref.rollout.custom.tlt").speculative
 
-    def num_in_flight(self) -> int:
-        return len(self._futures)
-
     async def wait_for_drain(self, poll_s: float = 0.01) -> float | None:
         """Return when this replica has served requests in the current rollout and has none left in flight: the
         wall-clock time it drained, or None when the rollout ended (sleep) first.
