@@ -56,3 +56,12 @@ def test_bad_head_counts_raise_clear_errors(tokenizer):
         build_tiny_model(tokenizer, hidden_size=130)
     with pytest.raises(ValueError, match="divisible by num_kv_heads"):
         build_tiny_model(tokenizer, num_kv_heads=3)
+
+
+def test_the_deep_shape_keeps_the_size_in_twice_the_layers(tokenizer):
+    from verl_tlt.toy.model import shape_kwargs
+
+    deep = build_tiny_model(tokenizer, **shape_kwargs("deep"))
+    assert deep.config.num_hidden_layers == 8 and 0.95e6 <= deep.num_parameters() <= 1.15e6
+    with pytest.raises(ValueError, match="Unknown toy shape 'wide'"):
+        shape_kwargs("wide")

@@ -169,3 +169,14 @@ def test_quickstart_accepts_the_target_tokenizer_and_rejects_another(checkpoint,
     (other / "chat_template.jinja").write_text(template.replace("<sep>", "<eos>"))
     with pytest.raises(RuntimeError, match="differs from the toy world"):
         check_same_tokenizer(toy_world.model_dir, other)
+
+
+def test_a_non_default_shape_is_trained_into_its_own_cache_folder(tmp_path):
+    import json
+
+    path = sft.ensure_toy_target(tmp_path, seed=2, num_steps=1, recipe=FAST_RECIPE, shape="deep")
+    assert path.name.endswith("-steps1-deep")
+    assert json.loads((path / "config.json").read_text())["num_hidden_layers"] == 8
+    assert json.loads((path / sft.TRAINING_INFO_NAME).read_text())["shape"] == "deep"
+    with pytest.raises(ValueError, match="Unknown toy shape"):
+        sft.ensure_toy_target(tmp_path, shape="wide")

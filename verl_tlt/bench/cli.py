@@ -38,6 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     sd.add_argument("--temperature", type=float, default=0.0, help="for the speedup curve (0 = greedy)")
     sd.add_argument("--max-tokens", type=int, default=512)
     sd.add_argument("--acceptance-prompts", type=int, default=32, help="prompts for the acceptance lengths")
+    sd.add_argument(
+        "--toy-shape",
+        default="default",
+        help="toy target shape (verl_tlt.toy.model.TOY_SHAPES); deep = 8 layers of width 96, trained and cached on "
+        "first use",
+    )
     adaptive = sub.add_parser("adaptive", help="adaptive policy vs plain and fixed strategies on a long-tail rollout")
     adaptive.add_argument("--json", help="write results to this path")
     adaptive.add_argument("--num-requests", type=int, default=256)
@@ -60,12 +66,23 @@ def main(argv: list[str] | None = None) -> int:
     elif args.name == "sd":
         from verl_tlt.bench.sd_bench import run as run_sd
         from verl_tlt.spec.strategy import SpecStrategy
+        from verl_tlt.toy.model import TOY_SHAPES
 
         for strategy in args.strategies:
             SpecStrategy.parse(strategy)
+        if args.toy_shape not in TOY_SHAPES:
+            parser.error(f"--toy-shape must be one of {sorted(TOY_SHAPES)}, got {args.toy_shape!r}")
         if min(args.batch_sizes + [args.max_tokens, args.acceptance_prompts]) < 1:
             parser.error("--batch-sizes, --max-tokens and --acceptance-prompts must be >= 1")
-        run_sd(args.json, args.strategies, args.batch_sizes, args.temperature, args.max_tokens, args.acceptance_prompts)
+        run_sd(
+            args.json,
+            args.strategies,
+            args.batch_sizes,
+            args.temperature,
+            args.max_tokens,
+            args.acceptance_prompts,
+            args.toy_shape,
+        )
     elif args.name == "engine":
         from verl_tlt.bench.engine_bench import MODELS, run
 

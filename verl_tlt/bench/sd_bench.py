@@ -60,11 +60,12 @@ def run(
     temperature: float,
     max_tokens: int,
     acceptance_prompts: int,
+    toy_shape: str = "default",
 ) -> dict:
     from verl_tlt.toy.drafter import ensure_toy_drafter, toy_prompts
     from verl_tlt.toy.sft import ensure_toy_target
 
-    target, drafter_dir = ensure_toy_target(), ensure_toy_drafter()
+    target, drafter_dir = ensure_toy_target(shape=toy_shape), ensure_toy_drafter(shape=toy_shape)
     engine = RolloutEngine.from_pretrained(str(target), drafter=str(drafter_dir), max_num_seqs=max(batch_sizes))
     prompts = toy_prompts(target, max(max(batch_sizes), acceptance_prompts), PROBLEM_SEED)
     engine.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=8), strategy=strategies[0])  # warm-up
@@ -88,6 +89,7 @@ def run(
     result = {
         "benchmark": "sd",
         "target": str(target),
+        "toy_shape": toy_shape,
         "drafter": str(drafter_dir),
         "strategies": strategies,
         "curve_temperature": temperature,

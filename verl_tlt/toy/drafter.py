@@ -32,16 +32,22 @@ def toy_prompts(tokenizer_path: str | Path, num: int, seed: int) -> list[list[in
 
 
 def ensure_toy_drafter(
-    cache_root: str | Path | None = None, *, seed: int = 0, num_steps: int = WARMUP_STEPS, compact_share: float = 0.0
+    cache_root: str | Path | None = None,
+    *,
+    seed: int = 0,
+    num_steps: int = WARMUP_STEPS,
+    compact_share: float = 0.0,
+    shape: str = "default",
 ) -> Path:
     """Path of a drafter warmed up on the cached toy target's own greedy and T=1 answers (trained once, reused).
 
-    compact_share selects the target (see `ensure_toy_target`); the drafter's cache folder names its target.
+    compact_share and shape select the target (see `ensure_toy_target`); the drafter's cache folder names its
+    target.
     """
     from verl_tlt.drafter.warmup import warmup_drafter
 
     root = Path(cache_root) if cache_root is not None else default_cache_root()
-    target = ensure_toy_target(root, seed=seed, compact_share=compact_share)
+    target = ensure_toy_target(root, seed=seed, compact_share=compact_share, shape=shape)
 
     def warm_up(out_dir: Path) -> None:
         prompts = toy_prompts(target, WARMUP_PROMPTS, WARMUP_PROBLEM_SEED + seed)

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
 from verl_tlt.toy.cache import build_once
-from verl_tlt.toy.model import build_tiny_model
+from verl_tlt.toy.model import build_tiny_model, shape_kwargs
 from verl_tlt.toy.task import (
     COMPACT,
     STANDARD,
@@ -268,11 +268,13 @@ def train_toy_target(
     recipe: SFTRecipe | None = None,
     num_threads: int | None = None,
     log_every: int = 50,
+    shape: str = "default",
 ) -> Path:
     """SFT the toy world's model (same init as `build_toy_world(seed=seed)`) and save it to `out_dir`.
 
     `out_dir` must be empty or absent. Writes a transformers checkpoint plus `training.json` (recipe, loss
     curve, wall time, tokens/s). num_threads: torch intra-op threads for the run (default: torch's choice).
+    shape: a name from `verl_tlt.toy.model.TOY_SHAPES`.
     """
     if num_steps < 1:
         raise ValueError(f"num_steps must be >= 1, got {num_steps}")
@@ -281,7 +283,7 @@ def train_toy_target(
         raise FileExistsError(f"refusing to train into non-empty {out_dir}; pass an empty or new directory")
     recipe = recipe or SFTRecipe()
     tokenizer = build_tokenizer()
-    model = build_tiny_model(tokenizer, seed=seed)
+    model = build_tiny_model(tokenizer, seed=seed, **shape_kwargs(shape))
     logger.info("Training the toy target: %d steps, seed %d, %s parameters", num_steps, seed, model.num_parameters())
     previous_threads = torch.get_num_threads()
     if num_threads is not None:
@@ -296,6 +298,7 @@ def train_toy_target(
     info = {
         "version": TOY_TARGET_VERSION,
         "seed": seed,
+        "shape": shape,
         "num_steps": num_steps,
         "recipe": asdict(recipe),
         "num_threads": torch.get_num_threads() if num_threads is None else num_threads,
@@ -315,14 +318,18 @@ def default_cache_root() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "verl-tlt")
 
 
-def target_dir_name(seed: int, num_steps: int = DEFAULT_NUM_STEPS, compact_share: float = 0.0) -> str:
-    """Cache folder name; a non-default step count or style mix gets its own folder so it never shadows the
-    real target."""
+def target_dir_name(
+    seed: int, num_steps: int = DEFAULT_NUM_STEPS, compact_share: float = 0.0, shape: str = "default"
+) -> str:
+    """Cache folder name; a non-default step count, style mix or shape gets its own folder so it never shadows
+    the real target."""
     name = f"toy-target-v{TOY_TARGET_VERSION}-seed{seed}"
     if num_steps != DEFAULT_NUM_STEPS:
         name += f"-steps{num_steps}"
     if compact_share > 0:
         name += f"-compact{compact_share:g}"
+    if shape != "default":
+        name += f"-{shape}"
     return name
 
 
@@ -333,25 +340,28 @@ def ensure_toy_target(
     num_steps: int = DEFAULT_NUM_STEPS,
     recipe: SFTRecipe | None = None,
     compact_share: float = 0.0,
+    shape: str = "default",
 ) -> Path:
     """Path of the cached trained target, training it once (~1.5 min on 2 idle cores) if it is missing.
 
     compact_share: share of SFT examples in the compact style (the quickstart's drifting target uses 0.1).
+    shape: a name from `verl_tlt.toy.model.TOY_SHAPES` (checked before anything is trained).
 
     Training goes to a temporary folder next to the cache entry, renamed into place when complete, so a killed
     run never leaves a half-written target; a file lock makes concurrent callers wait for one training run.
     `recipe` is for tests only: the folder name records the version, seed and steps, not the recipe.
     """
     root = Path(cache_root) if cache_root is not None else default_cache_root()
+    shape_kwargs(shape)
 
     recipe = recipe or SFTRecipe()
     if compact_share:
         recipe = replace(recipe, compact_share=compact_share)
 
     def train(out_dir: Path) -> None:
-        train_toy_target(out_dir, seed=seed, num_steps=num_steps, recipe=recipe)
+        train_toy_target(out_dir, seed=seed, num_steps=num_steps, recipe=recipe, shape=shape)
 
-    name = target_dir_name(seed, num_steps, recipe.compact_share)
+    name = target_dir_name(seed, num_steps, recipe.compact_share, shape)
     return build_once(root / name, _is_complete, train, "toy target")
 
 
