@@ -72,7 +72,6 @@ class AdaptivePolicy:
         self.last_choice: tuple[int | None, str] = (None, PLAIN)
         self._probe: tuple[str, int] | None = None  # (arm, steps left) of a running probe
         self._in_probe_mode = False  # the current mode was entered by a probe: leaving it needs no dwell
-        self._catch_up_step = False  # the coming SD step follows plain ones: its reward is not recorded
 
     # ----- decisions -----------------------------------------------------------------------------------------
 
@@ -103,7 +102,8 @@ class AdaptivePolicy:
 
     def observe(self, strategy: SpecStrategy | None, batch_size: int, committed_tokens: int, seconds: float) -> None:
         """Record a finished decode step (strategy None = plain)."""
-        catch_up, self._catch_up_step = self._catch_up_step and strategy is not None, False
+        # The first SD step after plain ones (select just entered SD mode) is the catch-up: not rewarded.
+        catch_up = strategy is not None and self.mode == "sd" and self.steps_in_mode == 1
         bucket = self.bucket_of(batch_size)
         if bucket is None or seconds <= 0 or batch_size < 1 or catch_up:
             return
@@ -176,6 +176,5 @@ class AdaptivePolicy:
         if mode == self.mode:
             self.steps_in_mode += 1
             return
-        self._catch_up_step = mode == "sd"
         self.mode, self.steps_in_mode = mode, 1
         self.num_mode_switches += 1
