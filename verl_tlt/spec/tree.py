@@ -80,6 +80,7 @@ def build_chain(
     rows, device = root_tokens.shape[0], root_tokens.device
     sampled_rows = [row for row, greedy in enumerate(params.greedy_rows) if not greedy]
     all_greedy = not sampled_rows
+    sampled = torch.tensor(sampled_rows, dtype=torch.long, device=device)
     tokens, probs = [root_tokens], [] if all_greedy else [torch.zeros_like(root_logits, dtype=torch.float32)]
     logits = root_logits
     for level in range(1, depth + 1):
@@ -88,7 +89,6 @@ def build_chain(
         else:
             draft_probs = params.process(logits).softmax(dim=-1)  # [B, V]
             drafted = draft_probs.argmax(dim=-1)
-            sampled = torch.tensor(sampled_rows, device=device)
             drafted[sampled] = draw_rows(
                 sampled_rows, generators, default_generator, multinomial_rows(draft_probs[sampled])
             )
