@@ -11,13 +11,17 @@ from verl_tlt.toy.sft import default_cache_root, ensure_toy_target, prompt_ids
 from verl_tlt.toy.task import make_problems
 
 # Bump when the warm-up recipe below changes, so stale cached drafters are not reused.
-TOY_DRAFTER_VERSION = 2
+TOY_DRAFTER_VERSION = 3
 WARMUP_PROMPTS = 512
 WARMUP_STEPS = 1200
 # Answers at both temperatures: greedy and sampled rollouts each get a drafter that knows them. On the toy
 # target this recipe (measured 2026-11-29) gave acceptance lengths ~7 with 8_4_16, against ~3.5 for 600 steps
 # at lr 3e-4 on T=1 answers alone.
 WARMUP_TEMPERATURES = (0.0, 1.0)
+# Longer than the toy world's longest solution (937 tokens, README "The toy world") so the drafter sees the
+# positions of the long tail it is meant to speed up; with 512 its acceptance fell from ~4.2 to ~2.6 (4_1_4,
+# greedy) on the second half of a 1024-token answer (measured 2026-11-29, v2 drafter).
+WARMUP_MAX_TOKENS = 1024
 WARMUP_CONFIG = DrafterTrainConfig(lr=2e-3, max_tokens_per_batch=2048)
 # Problems for the warm-up come from this seed, away from the toy world's train/val seeds.
 WARMUP_PROBLEM_SEED = 4242
@@ -58,6 +62,7 @@ def ensure_toy_drafter(
             out_dir,
             num_steps=num_steps,
             temperature=WARMUP_TEMPERATURES,
+            max_tokens=WARMUP_MAX_TOKENS,
             seed=seed,
             config=config,
         )
