@@ -102,3 +102,28 @@ def test_a_diverging_run_is_rolled_back(spot, monkeypatch):
     trainer.stop()
     assert trainer.version == 0 and "non-finite" in trainer.status()["last_error"]
     assert all(torch.equal(good[k], v) for k, v in trainer.trainer.model.state_dict().items())
+
+
+def test_training_runs_with_the_callers_thread_count(spot, monkeypatch):
+    """The training thread sizes its OpenMP team like the thread that called start(), not the process default."""
+    from tests.openmp_probe import openmp_max_threads_probe
+
+    probe = openmp_max_threads_probe()
+    trainer, engine = spot
+    trainer.add_samples(samples(engine))
+    seen = []
+    real_train = trainer.trainer.train
+
+    def recording_train(*args, **kwargs):
+        seen.append(probe())
+        return real_train(*args, **kwargs)
+
+    monkeypatch.setattr(trainer.trainer, "train", recording_train)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        trainer.start()
+        trainer.stop()
+    finally:
+        torch.set_num_threads(previous)
+    assert seen == [1]

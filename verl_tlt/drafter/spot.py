@@ -20,6 +20,7 @@ import torch
 from verl_tlt.drafter.data import DrafterDataBuffer, DrafterSample
 from verl_tlt.drafter.model import EagleDrafterModel
 from verl_tlt.drafter.trainer import DrafterTrainConfig, DrafterTrainer, TrainReport
+from verl_tlt.engine.torch_threads import with_torch_threads
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +61,9 @@ class SpotTrainer:
             return False
         self._stop.clear()
         self._result = {}
-        self._thread = threading.Thread(target=self._train, args=(max_steps,), name="drafter-spot-train", daemon=True)
+        # Train with the intra-op thread count the caller set, not the process default (see engine.torch_threads).
+        train = with_torch_threads(self._train)
+        self._thread = threading.Thread(target=train, args=(max_steps,), name="drafter-spot-train", daemon=True)
         self._thread.start()
         return True
 

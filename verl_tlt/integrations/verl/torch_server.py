@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from verl_tlt.engine import CompletionOutput, RolloutEngine, SamplingParams
+from verl_tlt.engine.torch_threads import with_torch_threads
 from verl_tlt.integrations.verl.rollout_trace import RolloutTrace, append_jsonl
 
 logger = logging.getLogger(__name__)
@@ -78,7 +79,8 @@ class TorchRolloutServer:
     def init_engine(self) -> None:
         kwargs = torch_engine_kwargs(self.config)
         self._trace_path = kwargs.get("trace_path")
-        torch.set_num_threads(int(kwargs.get("num_threads", 1)))
+        num_threads = int(kwargs.get("num_threads", 1))
+        torch.set_num_threads(num_threads)
         max_model_len = self.config.max_model_len or (self.config.prompt_length + self.config.response_length)
         self.engine = RolloutEngine.from_pretrained(
             self.model_config.local_path,
@@ -88,7 +90,11 @@ class TorchRolloutServer:
             seed=int(self.config.get("seed", 0) or 0) + self.replica_rank,
             logprobs_mode=self.config.logprobs_mode or "processed_logprobs",
         )
-        self._thread = threading.Thread(target=self._run_engine, name=f"torch-rollout-{self.replica_rank}", daemon=True)
+        self._thread = threading.Thread(
+            target=with_torch_threads(self._run_engine, num_threads),
+            name=f"torch-rollout-{self.replica_rank}",
+            daemon=True,
+        )
         self._thread.start()
         logger.info("torch rollout server %d ready (%s)", self.replica_rank, self.model_config.local_path)
 
