@@ -124,3 +124,14 @@ def test_plot_writes_a_png(tmp_path):
             row["compact_share"] = 0.2
     out = plot_comparison(runs, tmp_path / "plot.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_read_trace_skips_validation_records(tmp_path):
+    path = tmp_path / "trace.jsonl"
+    lines = [
+        {"replica": 0, "rollout_index": 0, "validation": False},
+        {"replica": 0, "rollout_index": None, "validation": True},
+        {"replica": 0, "rollout_index": 1},  # written before records were marked
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert sorted(read_trace(path)) == [0, 1]

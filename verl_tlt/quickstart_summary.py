@@ -24,13 +24,14 @@ LAST_STEPS = 3
 
 
 def read_trace(path: Path) -> dict[int, list[dict]]:
-    """Rollout index -> the replicas' records of that rollout (see rollout_trace.RolloutTrace)."""
+    """Training rollout index -> the replicas' records of that rollout (see rollout_trace.RolloutTrace)."""
     by_rollout: dict[int, list[dict]] = defaultdict(list)
     if path.exists():
         for line in path.read_text().splitlines():
             if line.strip():
                 record = json.loads(line)
-                by_rollout[record["rollout_index"]].append(record)
+                if not record.get("validation"):
+                    by_rollout[record["rollout_index"]].append(record)
     return dict(by_rollout)
 
 

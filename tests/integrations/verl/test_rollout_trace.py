@@ -46,6 +46,7 @@ def test_the_record_starts_at_the_first_submit_and_lists_every_finish():
     assert record == {
         "replica": 2,
         "rollout_index": 0,
+        "validation": False,
         "start": 10.0,
         "closed": 15.0,
         "finish_times": [12.5, 14.0],
@@ -223,3 +224,16 @@ def test_records_are_numbered_by_rollout():
         trace.on_finish(4, {})
         indices.append(trace.close()["rollout_index"])
     assert indices == [0, 1, 2]
+
+
+def test_a_validation_record_is_marked_and_takes_no_rollout_index():
+    trace = RolloutTrace(0, clock=lambda: 1.0)
+    trace.on_submit()
+    trace.on_finish(4, {"num_verify_steps": 2})
+    validation = trace.close(validation=True)
+    assert validation["validation"] is True and validation["rollout_index"] is None
+    assert validation["sd"]["num_verify_steps"] == 2
+    trace.on_submit()
+    training = trace.close()
+    assert training["validation"] is False and training["rollout_index"] == 0
+    assert training["finish_times"] == [] and training["sd"]["num_verify_steps"] == 0

@@ -79,8 +79,11 @@ def tlt_metrics(metrics: dict) -> dict[str, float]:
 
 
 def test_greedy_rollouts_are_identical_with_tlt_on_and_off(world, target, tmp_path):
+    # Validation after step 2 (and the last step): verl validates without sleeping the replicas.
+    validate = ["trainer.test_freq=2"]
     off, on = (
-        run(world, target, tmp_path / name, greedy=True, tlt=tlt) for name, tlt in (("off", False), ("on", True))
+        run(world, target, tmp_path / name, greedy=True, tlt=tlt, extra=validate)
+        for name, tlt in (("off", False), ("on", True))
     )
 
     assert [m["step"] for m in on.metrics] == [1, 2, 3]
@@ -114,6 +117,9 @@ def test_greedy_rollouts_are_identical_with_tlt_on_and_off(world, target, tmp_pa
             assert key in tlt, f"step {m['step']}: missing {key}"
         assert tlt["tlt/sd/step_share"] > 0 and tlt["tlt/sd/acceptance_length"] >= 1.0
         assert tlt["tlt/capture/samples"] > 0
+        # The servers' record of a step is that step's rollout alone, not also the validation before it.
+        assert tlt["tlt/rollout/time_s"] <= m["timing_s/gen"], f"step {m['step']}: {tlt['tlt/rollout/time_s']}"
+    assert any(k.startswith("val-") for k in on.metrics[1]), "validation did not run after step 2"
     # Captured at step 1, trained while a replica idled in step 2's rollout, pushed after step 2.
     last = tlt_metrics(on.metrics[-1])
     assert last["tlt/drafter/total_steps"] >= 1 and last["tlt/drafter/version"] >= 1

@@ -1,7 +1,8 @@
-"""The torch rollout server's engine loop runs with `engine_kwargs.torch.num_threads`, in its own thread."""
+"""The torch rollout server outside Ray: its engine thread's torch thread count, and the end of a validation."""
 
 from __future__ import annotations
 
+import json
 import threading
 from types import SimpleNamespace
 
@@ -9,6 +10,7 @@ import torch
 
 from tests.engine.conftest import tiny_qwen2  # noqa: F401
 from tests.openmp_probe import openmp_max_threads_probe
+from verl_tlt.integrations.verl.rollout_trace import RolloutTrace
 from verl_tlt.integrations.verl.torch_server import TorchRolloutServer
 
 
@@ -17,13 +19,13 @@ class _RolloutConfig(SimpleNamespace):
         return getattr(self, key, default)
 
 
-def test_engine_thread_uses_the_configured_thread_count(tiny_qwen2):  # noqa: F811
-    probe = openmp_max_threads_probe()
-    server = TorchRolloutServer.__new__(TorchRolloutServer)  # no verl config objects needed for init_engine
+def bare_server(model_path, **torch_kwargs) -> TorchRolloutServer:
+    """A server with just what init_engine and the record keeping read (no verl config objects)."""
+    server = TorchRolloutServer.__new__(TorchRolloutServer)
     server.replica_rank = 0
-    server.model_config = SimpleNamespace(local_path=str(tiny_qwen2[0]))
+    server.model_config = SimpleNamespace(local_path=str(model_path))
     server.config = _RolloutConfig(
-        engine_kwargs={"torch": {"num_threads": 1}},
+        engine_kwargs={"torch": torch_kwargs},
         max_model_len=64,
         prompt_length=16,
         response_length=16,
@@ -31,6 +33,15 @@ def test_engine_thread_uses_the_configured_thread_count(tiny_qwen2):  # noqa: F8
         max_num_seqs=2,
         logprobs_mode=None,
     )
+    server.trace = RolloutTrace(0)
+    server.last_rollout = None
+    server._engine_lock = threading.Lock()
+    return server
+
+
+def test_engine_thread_uses_the_configured_thread_count(tiny_qwen2):  # noqa: F811
+    probe = openmp_max_threads_probe()
+    server = bare_server(tiny_qwen2[0], num_threads=1)
     seen, done = [], threading.Event()
 
     def engine_loop():  # stands in for the server's engine loop: report the thread's team size
@@ -45,3 +56,24 @@ def test_engine_thread_uses_the_configured_thread_count(tiny_qwen2):  # noqa: F8
     finally:
         torch.set_num_threads(previous)
     assert seen == [1]
+
+
+def test_end_validation_keeps_validation_out_of_the_next_training_record(tiny_qwen2, tmp_path):  # noqa: F811
+    trace_path = tmp_path / "trace.jsonl"
+    server = bare_server(tiny_qwen2[0], trace_path=str(trace_path))
+    server._run_engine = lambda: None  # requests are stepped by hand below
+    server.init_engine()
+    server.drafter_version = lambda: None
+    # What a validation rollout leaves behind: an open trace record and decode counters.
+    server.trace.on_submit()
+    server.trace.on_finish(4, {})
+    server.engine.stats.steps_plain = server.engine.stats.tokens_plain = 3
+
+    server.end_validation()
+
+    assert server.engine.stats.steps_plain == 0 and server.last_rollout is None
+    (line,) = trace_path.read_text().splitlines()
+    record = json.loads(line)
+    assert record["validation"] is True and record["response_tokens"] == [4]
+    server.trace.on_submit()  # the next training rollout starts a record of its own, numbered 0
+    assert server.trace.close()["rollout_index"] == 0

@@ -24,7 +24,7 @@ class RolloutTrace:
     def __init__(self, replica_rank: int, clock: Callable[[], float] = time.time):
         self.replica_rank, self.clock = replica_rank, clock
         self._lock = threading.Lock()
-        self.num_closed = 0  # rollouts recorded so far: the index of the next record
+        self.num_closed = 0  # training rollouts recorded so far: the index of the next one
         self._reset()
 
     def _reset(self) -> None:
@@ -45,14 +45,19 @@ class RolloutTrace:
             for key in SD_COUNTERS:
                 self.sd_totals[key] += int(stats.get(key, 0))
 
-    def close(self, extra: dict[str, Any] | None = None) -> dict[str, Any] | None:
-        """End this rollout: its record (None if nothing was submitted), and start a fresh one."""
+    def close(self, extra: dict[str, Any] | None = None, *, validation: bool = False) -> dict[str, Any] | None:
+        """End this rollout: its record (None if nothing was submitted), and start a fresh one.
+
+        `rollout_index` counts training rollouts; a validation rollout's record has `"validation": true` and
+        rollout_index None, and does not advance the count.
+        """
         with self._lock:
             if self.start is None:
                 return None
             record = {
                 "replica": self.replica_rank,
-                "rollout_index": self.num_closed,
+                "rollout_index": None if validation else self.num_closed,
+                "validation": validation,
                 "start": self.start,
                 "closed": self.clock(),
                 "finish_times": list(self.finish_times),
@@ -60,7 +65,7 @@ class RolloutTrace:
                 "sd": dict(self.sd_totals),
                 **(extra or {}),
             }
-            self.num_closed += 1
+            self.num_closed += 0 if validation else 1
             self._reset()
             return record
 

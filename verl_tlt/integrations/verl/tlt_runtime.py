@@ -9,6 +9,8 @@ Per RL step (sync trainer, TLT on):
 4. `on_step_end` (after verl's actor -> rollout weight sync): the drafter workers get the policy's new embedding
    and LM head, and every `tlt.drafter.sync_every` steps the newest drafter goes to every replica (versioned).
 5. Checkpoints: the owner's drafter training state is saved next to verl's and restored on resume.
+6. `on_validate_end`: what validation generated is closed as a validation record and its SD counters dropped, so
+   the next step's metrics cover that step's training rollout only.
 """
 
 from __future__ import annotations
@@ -138,6 +140,9 @@ class TLTRuntime:
         records = ray.get([s.pop_last_rollout.remote() for s in self.servers])
         stats = ray.get([s.sd_stats.remote(True) for s in self.servers])
         self.metrics.update(rollout_metrics(records, stats, training_stopped_at=self.coordinator.stopped_at))
+
+    def after_validation(self) -> None:
+        ray.get([s.end_validation.remote() for s in self.servers])
 
     # ----- capture ---------------------------------------------------------------------------------------------
 

@@ -274,6 +274,18 @@ class TorchRolloutServer:
                 append_jsonl(self._trace_path, record)
         self.release_kv_cache()
 
+    def end_validation(self) -> None:
+        """Keep what verl's validation generated out of the next training rollout's record and SD counters.
+
+        verl validates without sleeping the replicas, so its requests would otherwise open the next training
+        rollout's record (its start, extra responses) and count as that step's speculative decoding. The record
+        is still written to trace_path, marked as validation.
+        """
+        record = self.trace.close({"drafter_version": self.drafter_version()}, validation=True)
+        if record is not None and self._trace_path:
+            append_jsonl(self._trace_path, record)
+        self.sd_stats(reset=True)
+
     def pop_last_rollout(self) -> dict[str, Any] | None:
         """The record of the latest finished rollout (see RolloutTrace), once."""
         record, self.last_rollout = self.last_rollout, None

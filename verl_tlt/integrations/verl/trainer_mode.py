@@ -122,6 +122,11 @@ def _build_trainer_class() -> type:
             super().on_sample_end()
             self.tlt.after_sleep()
 
+        def on_validate_end(self) -> None:
+            super().on_validate_end()
+            if self.tlt is not None:
+                self.tlt.after_validation()
+
         def _compute_old_log_prob(self, batch, metrics):
             if self.tlt is None or _bypasses_log_prob(self.config):
                 return super()._compute_old_log_prob(batch, metrics)
