@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from tests.engine.conftest import build_tiny_model
 from tests.engine.drafters import HFModelDrafter
-from verl_tlt.bench.adaptive_bench import _FixedBelowThreshold, timed_run, worst_above_threshold_ratio
+from verl_tlt.bench.adaptive_bench import (
+    _FixedBelowThreshold,
+    above_threshold_groups,
+    timed_run,
+    worst_above_threshold_ratio,
+)
 from verl_tlt.engine import RolloutEngine, SamplingParams
 
 
@@ -27,3 +32,14 @@ def test_worst_above_threshold_ratio_groups_batch_sizes_and_needs_enough_steps()
     adaptive = {40: [1.1] * 5, 50: [1.1] * 5, 100: [2.0] * 5, 8: [1.0] * 9}
     assert worst_above_threshold_ratio(plain, adaptive, threshold=32) == round(1.0 / 1.1, 3)
     assert worst_above_threshold_ratio({40: [1.0]}, {40: [2.0]}, threshold=32) is None  # too few steps
+    groups = above_threshold_groups(plain, adaptive, threshold=32)
+    assert list(groups) == ["32-63", "64-127"]  # batch 8 is below the threshold
+    assert groups["32-63"] == {"steps": 10, "plain_median_ms": 1000.0, "adaptive_median_ms": 1100.0, "ratio": 0.909}
+
+
+def test_groups_compare_medians_so_a_few_slow_steps_do_not_decide():
+    plain = {40: [1.0] * 9 + [3.0]}
+    adaptive = {40: [1.0] * 8 + [4.0, 4.0]}  # two stalls; the typical step is as fast as plain's
+    assert worst_above_threshold_ratio(plain, adaptive, threshold=32) == 1.0
+    slower = {40: [1.2] * 10}  # every step slower: the median shows it
+    assert worst_above_threshold_ratio(plain, slower, threshold=32) == round(1.0 / 1.2, 3)

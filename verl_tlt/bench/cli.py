@@ -47,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     adaptive = sub.add_parser("adaptive", help="adaptive policy vs plain and fixed strategies on a long-tail rollout")
     adaptive.add_argument("--json", help="write results to this path")
     adaptive.add_argument("--num-requests", type=int, default=256)
-    adaptive.add_argument("--max-tokens", type=int, default=512)
+    adaptive.add_argument(
+        "--max-tokens", type=int, default=1024, help="response cap (the toy world's longest solution is 937 tokens)"
+    )
     adaptive.add_argument("--repeats", type=int, default=3)
     adaptive.add_argument("--threshold", type=int, default=None, help="override tlt.speculative.threshold")
     adaptive.add_argument("--strategies", nargs="+", default=None, help="override tlt.speculative.strategies")
