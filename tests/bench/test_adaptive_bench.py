@@ -43,3 +43,25 @@ def test_groups_compare_medians_so_a_few_slow_steps_do_not_decide():
     assert worst_above_threshold_ratio(plain, adaptive, threshold=32) == 1.0
     slower = {40: [1.2] * 10}  # every step slower: the median shows it
     assert worst_above_threshold_ratio(plain, slower, threshold=32) == round(1.0 / 1.2, 3)
+
+
+def test_interleaved_best_takes_turns_keeps_the_fastest_run_and_pools_steps():
+    from verl_tlt.bench.adaptive_bench import interleaved_best
+
+    order = []
+    timings = {
+        "a": iter([(2.0, "a-slow", {40: [1.0, 1.0]}, {"n": 1}), (1.0, "a-fast", {40: [0.5], 20: [0.1]}, {"n": 2})])
+    }
+    timings["b"] = iter([(3.0, "b1", {}, {}), (4.0, "b2", {}, {})])
+
+    def variant(name):
+        def run():
+            order.append(name)
+            return next(timings[name])
+
+        return run
+
+    best = interleaved_best(2, {"a": variant("a"), "b": variant("b")})
+    assert order == ["a", "b", "a", "b"]  # round-robin, so drift of the machine hits both alike
+    assert best["a"] == (1.0, "a-fast", {40: [1.0, 1.0, 0.5], 20: [0.1]}, {"n": 2})
+    assert best["b"][:2] == (3.0, "b1")

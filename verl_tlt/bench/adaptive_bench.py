@@ -9,9 +9,9 @@ candidate strategy, that strategy at every decode step with at most `threshold` 
 like the policy); and the adaptive policy (`tlt.speculative` defaults unless overridden). In RL the policy lives as
 long as the engine and keeps learning across rollouts, so the headline adaptive run uses a policy that has already
 seen one rollout ("warm"); the first rollout of a fresh policy is reported too ("cold"). Each run is timed best of
-`repeats`. Decode step times are grouped by batch size (powers of two) to compare adaptive with plain above the
-threshold, where both decode plainly and the policy's bookkeeping is the only difference (median step times per
-group). Ratios from one run of the command.
+`repeats`, the variants taking turns. Decode step times are grouped by batch size (powers of two) to compare
+adaptive with plain above the threshold, where both decode plainly and the policy's bookkeeping is the only
+difference (median step times per group, pooled over the repeats). Ratios from one run of the command.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import json
 import statistics
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -71,9 +72,23 @@ def timed_run(engine: RolloutEngine, prompts, params, policy) -> tuple[float, li
         del engine._decode_step
 
 
-def best_of(repeats: int, run):
-    results = [run() for _ in range(repeats)]
-    return min(results, key=lambda r: r[0])
+def interleaved_best(repeats: int, variants: dict[str, Callable[[], tuple]]) -> dict[str, tuple]:
+    """Each variant's fastest of `repeats` timed runs, taken round-robin (one run of every variant per round) so
+    that slow drift of a shared machine falls on all variants alike; a variant's step times are pooled over all
+    its runs (more steps per batch-size group for the comparison above the threshold)."""
+    results: dict[str, list[tuple]] = {name: [] for name in variants}
+    for _ in range(repeats):
+        for name, run in variants.items():
+            results[name].append(run())
+    best = {}
+    for name, runs in results.items():
+        seconds, outputs, _, stats = min(runs, key=lambda r: r[0])
+        pooled: dict[int, list[float]] = defaultdict(list)
+        for _, _, steps, _ in runs:
+            for batch_size, times in steps.items():
+                pooled[batch_size].extend(times)
+        best[name] = (seconds, outputs, dict(pooled), stats)
+    return best
 
 
 def above_threshold_groups(plain_steps, adaptive_steps, threshold: int, min_steps: int = 5) -> dict[str, dict]:
@@ -123,36 +138,39 @@ def run(json_path: str | None, num_requests: int, max_tokens: int, repeats: int,
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     engine.generate(prompts[:4], params, strategy=config.strategies[0])  # warm-up
 
-    plain_s, reference, plain_steps, _ = best_of(repeats, lambda: timed_run(engine, prompts, params, None))
-    tokens = sum(len(o.token_ids) for o in reference)
-    runs = {"plain": {"seconds": round(plain_s, 3), "tokens_per_s": round(tokens / plain_s, 1)}}
-    print(f"{'plain':>10}: {tokens / plain_s:8.1f} tok/s ({tokens} tokens, {num_requests} requests)", flush=True)
-    identical = True
-    for strategy in config.strategies:
-        fixed = _FixedBelowThreshold(strategy, config.threshold)
-        seconds, outputs, _, _ = best_of(repeats, lambda fixed=fixed: timed_run(engine, prompts, params, fixed))
-        identical &= [o.token_ids for o in outputs] == [o.token_ids for o in reference]
-        runs[strategy] = {"seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 1)}
-        print(f"{strategy:>10}: {tokens / seconds:8.1f} tok/s, {plain_s / seconds:.2f}x plain", flush=True)
-
-    policies = []
+    warm_policies = []
 
     def cold_run():
-        policies.append(AdaptivePolicy(config))
-        return timed_run(engine, prompts, params, policies[-1])
+        return timed_run(engine, prompts, params, AdaptivePolicy(config))
 
     def warm_run():
         policy = AdaptivePolicy(config)
         timed_run(engine, prompts, params, policy)  # one rollout to learn from, as the previous RL step would be
-        policies.append(policy)
+        warm_policies.append(policy)
         return timed_run(engine, prompts, params, policy)
 
-    cold_s, outputs, _, _ = best_of(repeats, cold_run)
-    identical &= [o.token_ids for o in outputs] == [o.token_ids for o in reference]
-    adaptive_s, outputs, adaptive_steps, adaptive_stats = best_of(repeats, warm_run)
-    identical &= [o.token_ids for o in outputs] == [o.token_ids for o in reference]
-    runs["adaptive_cold"] = {"seconds": round(cold_s, 3), "tokens_per_s": round(tokens / cold_s, 1)}
-    runs["adaptive"] = {"seconds": round(adaptive_s, 3), "tokens_per_s": round(tokens / adaptive_s, 1)}
+    variants = {"plain": lambda: timed_run(engine, prompts, params, None)}
+    for strategy in config.strategies:
+        fixed = _FixedBelowThreshold(strategy, config.threshold)
+        variants[strategy] = lambda fixed=fixed: timed_run(engine, prompts, params, fixed)
+    variants["adaptive_cold"], variants["adaptive"] = cold_run, warm_run
+    best = interleaved_best(repeats, variants)
+
+    plain_s, reference, plain_steps, _ = best["plain"]
+    tokens = sum(len(o.token_ids) for o in reference)
+    print(f"{'plain':>10}: {tokens / plain_s:8.1f} tok/s ({tokens} tokens, {num_requests} requests)", flush=True)
+    identical = all(
+        [o.token_ids for o in outputs] == [o.token_ids for o in reference] for _, outputs, _, _ in best.values()
+    )
+    runs = {
+        name: {"seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 1)}
+        for name, (seconds, _, _, _) in best.items()
+    }
+    for strategy in config.strategies:
+        seconds = best[strategy][0]
+        print(f"{strategy:>10}: {tokens / seconds:8.1f} tok/s, {plain_s / seconds:.2f}x plain", flush=True)
+    cold_s = best["adaptive_cold"][0]
+    adaptive_s, _, adaptive_steps, adaptive_stats = best["adaptive"]
     best_fixed = min(config.strategies, key=lambda s: runs[s]["seconds"])
     result = {
         "benchmark": "adaptive",
@@ -173,7 +191,7 @@ def run(json_path: str | None, num_requests: int, max_tokens: int, repeats: int,
         "above_threshold_groups": above_threshold_groups(plain_steps, adaptive_steps, config.threshold),
         "outputs_identical": identical,
         "adaptive_engine_stats": adaptive_stats,
-        "final_policy_state": policies[-1].state(),
+        "final_policy_state": warm_policies[-1].state(),
     }
     print(
         f"{'adaptive':>10}: {tokens / adaptive_s:8.1f} tok/s warm ({tokens / cold_s:.1f} cold), "
