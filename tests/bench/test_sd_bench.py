@@ -14,8 +14,9 @@ def test_bench_batch_reports_speed_acceptance_and_checks_greedy_identity(tmp_pat
     hf_model = build_tiny_model("qwen2", tmp_path, weight_std=0.2)
     engine = RolloutEngine.from_pretrained(str(tmp_path), drafter=HFModelDrafter(hf_model))
     prompts = [[5, 6, 7], [8, 9], [10]]
-    row = bench_batch(engine, prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), "3_1_3")
-    assert row["batch_size"] == 3 and row["greedy_identical"] is True
+    rounds = [prompts, [[11, 12], [13], [14, 15, 16]]]
+    row = bench_batch(engine, rounds, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), "3_1_3")
+    assert row["batch_size"] == 3 and row["rounds"] == 2 and row["greedy_identical"] is True
     assert row["acceptance_length"] == 4.0  # a perfect drafter: every draft accepted, plus the bonus token
     assert row["speedup"] > 0 and row["plain_tokens_per_s"] > 0
     accept = measure_acceptance(engine, prompts, "3_1_3", max_tokens=12)

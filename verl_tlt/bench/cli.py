@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     sd.add_argument("--temperature", type=float, default=0.0, help="for the speedup curve (0 = greedy)")
     sd.add_argument("--max-tokens", type=int, default=512)
     sd.add_argument("--acceptance-prompts", type=int, default=32, help="prompts for the acceptance lengths")
+    sd.add_argument("--rounds", type=int, default=4, help="batches of fresh prompts per batch size, summed")
     sd.add_argument(
         "--toy-shape",
         default="default",
@@ -74,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
             SpecStrategy.parse(strategy)
         if args.toy_shape not in TOY_SHAPES:
             parser.error(f"--toy-shape must be one of {sorted(TOY_SHAPES)}, got {args.toy_shape!r}")
-        if min(args.batch_sizes + [args.max_tokens, args.acceptance_prompts]) < 1:
-            parser.error("--batch-sizes, --max-tokens and --acceptance-prompts must be >= 1")
+        if min(args.batch_sizes + [args.max_tokens, args.acceptance_prompts, args.rounds]) < 1:
+            parser.error("--batch-sizes, --max-tokens, --acceptance-prompts and --rounds must be >= 1")
         run_sd(
             args.json,
             args.strategies,
@@ -84,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             args.max_tokens,
             args.acceptance_prompts,
             args.toy_shape,
+            args.rounds,
         )
     elif args.name == "engine":
         from verl_tlt.bench.engine_bench import MODELS, run

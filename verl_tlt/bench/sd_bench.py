@@ -1,8 +1,9 @@
 """`verl-tlt bench sd`: speculative vs plain decoding with the torch engine on the trained toy target.
 
 The drafter is the cached warm-up drafter (`verl_tlt.toy.drafter.ensure_toy_drafter`). For each strategy and
-batch size B, B fresh toy prompts are decoded to completion (natural EOS, max_tokens cap) once plainly and once
-speculatively, on the same engine object, one after the other; tokens/s of each and their ratio are printed. The
+batch size B, `rounds` batches of B fresh toy prompts are decoded to completion (natural EOS, max_tokens cap),
+each once plainly and once speculatively on the same engine object, one after the other; tokens/s of each,
+summed over the rounds, and their ratio are printed. The
 curve is greedy by default: both runs then produce the same tokens (checked, `greedy_identical`), so the ratio
 compares equal work; at T=1 the two runs draw different samples whose lengths differ, and with few requests the
 longest one dominates. Acceptance length (tokens per verify step including the bonus token) comes from the
@@ -35,21 +36,36 @@ def timed_generate(engine: RolloutEngine, prompts, params, strategy) -> tuple[li
     return outputs, time.perf_counter() - start
 
 
-def bench_batch(engine, prompts, params, strategy) -> dict:
-    engine.max_num_seqs = len(prompts)
-    plain, plain_s = timed_generate(engine, prompts, params, None)
-    spec, spec_s = timed_generate(engine, prompts, params, strategy)
-    plain_tokens = sum(len(o.token_ids) for o in plain)
-    spec_tokens = sum(len(o.token_ids) for o in spec)
+def bench_batch(engine, rounds: list[list[list[int]]], params, strategy) -> dict:
+    """Plain vs speculative decoding of `rounds` (each a batch of prompts), the two taking turns round by round.
+
+    Tokens and seconds are summed over the rounds: one short batch is over in milliseconds, so several rounds of
+    fresh prompts make the ratio less hostage to one answer's length and to a single slow moment.
+    """
+    plain_tokens = spec_tokens = 0
+    plain_s = spec_s = 0.0
+    identical = True
+    spec_outputs: list[CompletionOutput] = []
+    for prompts in rounds:
+        engine.max_num_seqs = len(prompts)
+        plain, seconds = timed_generate(engine, prompts, params, None)
+        plain_s += seconds
+        spec, seconds = timed_generate(engine, prompts, params, strategy)
+        spec_s += seconds
+        plain_tokens += sum(len(o.token_ids) for o in plain)
+        spec_tokens += sum(len(o.token_ids) for o in spec)
+        identical &= [o.token_ids for o in plain] == [o.token_ids for o in spec]
+        spec_outputs += spec
     row = {
-        "batch_size": len(prompts),
+        "batch_size": len(rounds[0]),
+        "rounds": len(rounds),
         "plain_tokens_per_s": round(plain_tokens / plain_s, 1),
         "sd_tokens_per_s": round(spec_tokens / spec_s, 1),
         "speedup": round((spec_tokens / spec_s) / (plain_tokens / plain_s), 3),
-        "acceptance_length": round(acceptance_length(spec), 3),
+        "acceptance_length": round(acceptance_length(spec_outputs), 3),
     }
     if params.temperature == 0:
-        row["greedy_identical"] = [o.token_ids for o in plain] == [o.token_ids for o in spec]
+        row["greedy_identical"] = identical
     return row
 
 
@@ -61,13 +77,14 @@ def run(
     max_tokens: int,
     acceptance_prompts: int,
     toy_shape: str = "default",
+    rounds: int = 4,
 ) -> dict:
     from verl_tlt.toy.drafter import ensure_toy_drafter, toy_prompts
     from verl_tlt.toy.sft import ensure_toy_target
 
     target, drafter_dir = ensure_toy_target(shape=toy_shape), ensure_toy_drafter(shape=toy_shape)
     engine = RolloutEngine.from_pretrained(str(target), drafter=str(drafter_dir), max_num_seqs=max(batch_sizes))
-    prompts = toy_prompts(target, max(max(batch_sizes), acceptance_prompts), PROBLEM_SEED)
+    prompts = toy_prompts(target, max(max(batch_sizes) * rounds, acceptance_prompts), PROBLEM_SEED)
     engine.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=8), strategy=strategies[0])  # warm-up
 
     acceptance = {
@@ -78,7 +95,8 @@ def run(
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0)
     for strategy in strategies:
         for batch_size in batch_sizes:
-            row = {"strategy": strategy, **bench_batch(engine, prompts[:batch_size], params, strategy)}
+            batches = [prompts[r * batch_size : (r + 1) * batch_size] for r in range(rounds)]
+            row = {"strategy": strategy, **bench_batch(engine, batches, params, strategy)}
             rows.append(row)
             print(
                 f"{strategy:>7} bs={batch_size:>3}: plain {row['plain_tokens_per_s']:>8.1f} tok/s, SD "
@@ -94,6 +112,7 @@ def run(
         "strategies": strategies,
         "curve_temperature": temperature,
         "max_tokens": max_tokens,
+        "rounds": rounds,
         "torch_threads": torch.get_num_threads(),
         "dtype": "float32",
         # Headline acceptance lengths: the first (deepest by default) strategy, batch 1.
