@@ -84,6 +84,19 @@ def test_speculative_group_validates_values_with_the_key_and_a_fix():
             TLTConfig.from_dict({"speculative": values})
 
 
+@pytest.mark.parametrize("bad", [["4-1-4"], [414, 212]])
+def test_the_suggested_strategies_override_parses_to_strings_that_validate(bad):
+    """Hydra reads an unquoted 4_1_4 as the integer 414: the fix an error suggests must survive Hydra's parser."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    with pytest.raises(ValueError) as error:
+        TLTConfig.from_dict({"speculative": {"strategies": bad}})
+    suggested = re.search(r"e\.g\. (tlt\.speculative\.strategies=\S+(?:, \S+)*\])", str(error.value)).group(1)
+    value = OverridesParser.create().parse_override(suggested.replace("'", "")).value()
+    assert all(isinstance(name, str) for name in value)
+    assert TLTConfig.from_dict({"speculative": {"strategies": value}}).speculative.strategies == tuple(value)
+
+
 def test_from_dict_reads_plain_dict_and_dictconfig_with_interpolation():
     assert TLTConfig.from_dict({"enabled": True}).enabled is True
     root = OmegaConf.create({"flag": True, "tlt": {"enabled": "${flag}"}})

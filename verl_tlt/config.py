@@ -99,7 +99,8 @@ class SpeculativeConfig:
         if not self.strategies or bad:
             raise ValueError(
                 f"{path}.strategies must be a non-empty list of depth_topk_treetokens strings, got "
-                f"{list(self.strategies)} (bad: {bad}); e.g. {path}.strategies=[8_4_16,4_1_4]"
+                f'{list(self.strategies)} (bad: {bad}); e.g. {path}.strategies=\'["8_4_16","4_1_4"]\' (quoted: '
+                "Hydra reads an unquoted 4_1_4 as the integer 414)"
             )
 
 

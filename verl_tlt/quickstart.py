@@ -38,6 +38,10 @@ TRACE_FILE = "rollout_trace.jsonl"
 # bound on how long training may run past the last response) near a tenth of a second; half the warm-up's lr,
 # because the first steps of a fresh optimizer on a handful of new samples otherwise undo part of the warm-up.
 TOY_DRAFTER_OVERRIDES = ["tlt.drafter.max_tokens_per_batch=1024", "tlt.drafter.lr=1e-3"]
+# Chains only: on this CPU every tree strategy decodes the toy slower than plain at every batch size, while the
+# chains gain (`verl-tlt bench sd --strategies 8_4_16 6_4_8 4_1_4 2_1_2`, README); exploring the trees would only
+# cost the bandit steps. The default set (with trees) is for accelerators, where verifying more tokens is cheap.
+CPU_STRATEGY_OVERRIDES = ['tlt.speculative.strategies=["4_1_4","2_1_2"]']
 
 
 def toy_grpo_overrides(
@@ -135,6 +139,7 @@ def run_comparison(args: argparse.Namespace) -> dict:
         "reward.custom_reward_function.name=compute_score_concise",
         f"tlt.drafter.init={drafter}",
         *TOY_DRAFTER_OVERRIDES,
+        *CPU_STRATEGY_OVERRIDES,
     ]
     out = Path(args.out)
     runs, wall = {}, {}
