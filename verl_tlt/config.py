@@ -70,7 +70,11 @@ class SpeculativeConfig:
         },
     )
     window: int = field(
-        default=32, metadata={"help": "Latest observations per arm whose median (tokens/s per request) ranks it."}
+        default=32,
+        metadata={
+            "help": "Latest steps per arm whose rate (committed tokens per request-second, slowest tenth left out) "
+            "ranks it."
+        },
     )
     min_samples: int = field(default=2, metadata={"help": "Plays of every arm before the bandit exploits."})
     min_dwell_steps: int = field(

@@ -120,7 +120,32 @@ def test_a_catch_up_step_is_not_rewarded():
     assert policy.arms[1]["4_1_4"].plays == 0
     second = policy.select(3)
     policy.observe(second, 3, committed_tokens=30, seconds=1.0)
-    assert policy.arms[1]["4_1_4"].plays == 1 and policy.arms[1]["4_1_4"].median() == 10.0
+    assert policy.arms[1]["4_1_4"].plays == 1 and policy.arms[1]["4_1_4"].rate() == 10.0
+
+
+def feed(policy: AdaptivePolicy, bucket: int, name: str, steps) -> None:
+    """Record (committed tokens, seconds, batch size) steps for one arm directly."""
+    arm = policy.arms[bucket][name]
+    for step in steps:
+        arm.steps.append(step)
+        arm.plays += 1
+
+
+def test_arms_are_ranked_by_throughput_not_by_the_typical_step():
+    """An SD step commits 1..depth+1 tokens per row: skewed counts whose median is not the throughput."""
+    policy = AdaptivePolicy(config(strategies=("4_1_4", "2_1_2"), plain_arm_min_batch=64))
+    feed(policy, 1, "4_1_4", [(5, 1.0, 1)] * 6 + [(1, 1.0, 1)] * 4)  # median 5 tokens/step, mean 3.4
+    feed(policy, 1, "2_1_2", [(4, 1.0, 1)] * 10)  # always 4
+    assert policy.arms[1]["4_1_4"].rate() == pytest.approx(3.4, abs=0.5)
+    assert policy.best_arm(1) == "2_1_2"
+
+
+def test_rate_is_per_request_second_and_ignores_a_stalled_step():
+    policy = AdaptivePolicy(config())
+    feed(policy, 4, "6_4_8", [(8, 1.0, 4), (12, 1.0, 6)])  # 2 tokens per request-second at batch 4 and 6 alike
+    assert policy.arms[4]["6_4_8"].rate() == pytest.approx(2.0)
+    feed(policy, 4, "4_1_4", [(8, 1.0, 4)] * 9 + [(8, 20.0, 4)])  # one step stalled 20x (the slowest tenth)
+    assert policy.arms[4]["4_1_4"].rate() == pytest.approx(2.0)
 
 
 def test_same_seed_same_decisions_and_state_is_inspectable():

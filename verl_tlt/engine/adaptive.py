@@ -4,12 +4,15 @@ Speculative decoding pays off only while the running batch is small. `AdaptivePo
 None (plain decoding) above `threshold`; at or below it, the batch size picks a bucket and that bucket's bandit
 picks an arm: an SD strategy, or plain decoding where plain is an arm (buckets starting at `plain_arm_min_batch`
 or above; by default every bucket), so the policy can learn where SD does not pay. After the step the engine
-reports what happened with `observe`; the reward is committed tokens per second per running request, which stays
-comparable across the batch sizes that share a bucket. Each arm keeps a window of its latest rewards and is
-judged by their median, so a few noisy steps cannot capture the policy.
+reports what happened with `observe`. Each arm keeps its latest steps (committed tokens, seconds, batch size) and is
+judged by its rate over them: committed tokens per request-second (seconds x running requests, which keeps batch
+sizes that share a bucket comparable), with the slowest tenth of the steps left out, so a stalled step (garbage
+collection, another process) cannot capture the policy. A ratio of sums, not the median of per-step rates: a
+speculative step commits anything from 1 to depth + 1 tokens per row, and for such skewed counts the median of
+per-step rates is not the throughput the arm delivers.
 
 Exploration: every arm is tried `min_samples` times first (in a fixed order), then with probability `epsilon` a
-random arm of the current mode is played (another SD strategy while speculating), otherwise the best median.
+random arm of the current mode is played (another SD strategy while speculating), otherwise the best rate.
 Crossing between plain and SD is not free: the first speculative step after plain ones must catch the drafter up
 on every token decoded plainly, and with a drafter that does not pay, each SD step costs several plain ones. So the
 other mode is explored only by rare probes (`probe_rate` per step): one plain step, or PROBE_SD_STEPS speculative
@@ -28,7 +31,6 @@ everything the policy believes.
 from __future__ import annotations
 
 import random
-import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -36,6 +38,8 @@ from verl_tlt.config import SpeculativeConfig
 from verl_tlt.spec.strategy import SpecStrategy
 
 PLAIN = "plain"
+# Share of an arm's window (its slowest steps per row) left out of its rate.
+TRIM_SHARE = 0.1
 # Speculative steps of a probe from plain mode: the first pays the drafter catch-up (not rewarded), the second is
 # measured.
 PROBE_SD_STEPS = 2
@@ -47,11 +51,17 @@ AdaptiveConfig = SpeculativeConfig
 
 @dataclass
 class _Arm:
-    rewards: deque = field(default_factory=deque)
+    steps: deque = field(default_factory=deque)  # (committed tokens, seconds, batch size) of the latest steps
     plays: int = 0
 
-    def median(self) -> float:
-        return statistics.median(self.rewards) if self.rewards else float("-inf")
+    def rate(self) -> float:
+        """Committed tokens per request-second over the window, its slowest TRIM_SHARE of steps (per row) left out;
+        -inf before the first step."""
+        if not self.steps:
+            return float("-inf")
+        by_speed = sorted(self.steps, key=lambda step: step[1] / step[2])  # seconds per row, fastest first
+        kept = by_speed[: len(by_speed) - int(TRIM_SHARE * len(by_speed))]
+        return sum(tokens for tokens, _, _ in kept) / sum(seconds * batch for _, seconds, batch in kept)
 
 
 class AdaptivePolicy:
@@ -111,14 +121,14 @@ class AdaptivePolicy:
         arm = self.arms[bucket].get(name)
         if arm is None:  # a strategy the caller forced, not one of ours: nothing to learn for the bandit
             return
-        arm.rewards.append(committed_tokens / seconds / batch_size)
+        arm.steps.append((committed_tokens, seconds, batch_size))
         arm.plays += 1
 
     # ----- inspection ----------------------------------------------------------------------------------------
 
     def best_arm(self, bucket: int) -> str:
         arms = self.arms[bucket]
-        return max(arms, key=lambda name: (arms[name].median(), -list(arms).index(name)))
+        return max(arms, key=lambda name: (arms[name].rate(), -list(arms).index(name)))
 
     def state(self) -> dict:
         return {
@@ -127,8 +137,7 @@ class AdaptivePolicy:
             "num_probes": self.num_probes,
             "buckets": {
                 lower: {
-                    name: {"plays": arm.plays, "median_reward": arm.median() if arm.rewards else None}
-                    for name, arm in arms.items()
+                    name: {"plays": arm.plays, "rate": arm.rate() if arm.steps else None} for name, arm in arms.items()
                 }
                 for lower, arms in self.arms.items()
             },
@@ -170,7 +179,7 @@ class AdaptivePolicy:
             return PLAIN
         # Stay speculative: the best SD arm of this bucket.
         sd_arms = {n: a for n, a in self.arms[bucket].items() if n != PLAIN}
-        return max(sd_arms, key=lambda n: (sd_arms[n].median(), -list(sd_arms).index(n)))
+        return max(sd_arms, key=lambda n: (sd_arms[n].rate(), -list(sd_arms).index(n)))
 
     def _enter_mode(self, mode: str) -> None:
         if mode == self.mode:
