@@ -141,11 +141,16 @@ def test_sampled_rewards_agree_with_tlt_on_and_off(world, target, tmp_path):
     def scores(result) -> list[float]:
         return [r["score"] for m in result.metrics for r in read_rollouts(result.rollout_dump_dir, m["step"])]
 
+    def lengths(result) -> list[float]:  # the toy tokenizer is character level: characters ~ tokens
+        return [len(r["output"]) for m in result.metrics for r in read_rollouts(result.rollout_dump_dir, m["step"])]
+
     off_scores, on_scores = scores(off), scores(on)
     assert len(off_scores) == len(on_scores) == 48
-    # Different random streams, same distribution: the means differ by less than 4 standard errors.
-    stderr = math.sqrt(statistics.variance(off_scores) / 48 + statistics.variance(on_scores) / 48)
-    assert abs(statistics.mean(on_scores) - statistics.mean(off_scores)) < 4 * max(stderr, 1e-3)
+    # Different random streams, same distribution: the means (of rewards, and of response lengths, which SD's
+    # EOS handling could bias) differ by less than 4 standard errors.
+    for off_values, on_values in ((off_scores, on_scores), (lengths(off), lengths(on))):
+        stderr = math.sqrt(statistics.variance(off_values) / 48 + statistics.variance(on_values) / 48)
+        assert abs(statistics.mean(on_values) - statistics.mean(off_values)) < 4 * max(stderr, 1e-3)
     assert all(m["training/rollout_probs_diff_max"] < 1e-4 for m in on.metrics), "SD log-probs must be the target's"
 
 
