@@ -128,12 +128,22 @@ def worst_above_threshold_ratio(plain_steps, adaptive_steps, threshold: int, min
     return min(group["ratio"] for group in groups.values()) if groups else None
 
 
-def run(json_path: str | None, num_requests: int, max_tokens: int, repeats: int, config: SpeculativeConfig) -> dict:
+def run(
+    json_path: str | None,
+    num_requests: int,
+    max_tokens: int,
+    repeats: int,
+    config: SpeculativeConfig,
+    *,
+    device: str = "cpu",
+) -> dict:
     from verl_tlt.toy.drafter import ensure_toy_drafter, toy_prompts
     from verl_tlt.toy.sft import ensure_toy_target
 
     target, drafter_dir = ensure_toy_target(), ensure_toy_drafter()
-    engine = RolloutEngine.from_pretrained(str(target), drafter=str(drafter_dir), max_num_seqs=num_requests)
+    engine = RolloutEngine.from_pretrained(
+        str(target), drafter=str(drafter_dir), max_num_seqs=num_requests, device=device
+    )
     prompts = toy_prompts(target, num_requests, PROBLEM_SEED)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     engine.generate(prompts[:4], params, strategy=config.strategies[0])  # warm-up
@@ -180,6 +190,7 @@ def run(json_path: str | None, num_requests: int, max_tokens: int, repeats: int,
         "num_tokens": tokens,
         "max_tokens": max_tokens,
         "repeats": repeats,
+        "device": device,
         "torch_threads": torch.get_num_threads(),
         "policy": {k: list(v) if isinstance(v, tuple) else v for k, v in config.__dict__.items()},
         "runs": runs,

@@ -10,6 +10,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="name", required=True)
     engine = sub.add_parser("engine", help="torch engine vs transformers generate (tokens/s)")
     engine.add_argument("--json", help="write results to this path")
+    engine.add_argument("--device", default="cpu", help="torch device for both (e.g. cuda)")
     engine.add_argument("--models", nargs="+", default=["toy-1m", "qwen2-50m"])
     engine.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 16])
     engine.add_argument("--prompt-len", type=int, default=32)
@@ -28,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     verify.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     sd = sub.add_parser("sd", help="speculative vs plain decoding on the trained toy target (acceptance, speedup)")
     sd.add_argument("--json", help="write results to this path")
+    sd.add_argument("--device", default="cpu", help="torch device of target and drafter (e.g. cuda)")
     sd.add_argument(
         "--strategies",
         nargs="+",
@@ -47,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     adaptive = sub.add_parser("adaptive", help="adaptive policy vs plain and fixed strategies on a long-tail rollout")
     adaptive.add_argument("--json", help="write results to this path")
+    adaptive.add_argument("--device", default="cpu", help="torch device of target and drafter (e.g. cuda)")
     adaptive.add_argument("--num-requests", type=int, default=256)
     adaptive.add_argument(
         "--max-tokens", type=int, default=1024, help="response cap (the toy world's longest solution is 937 tokens)"
@@ -65,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--num-requests, --max-tokens and --repeats must be >= 1")
         overrides = {"threshold": args.threshold, "strategies": tuple(args.strategies or ()) or None}
         config = dataclasses.replace(SpeculativeConfig(), **{k: v for k, v in overrides.items() if v is not None})
-        run_adaptive(args.json, args.num_requests, args.max_tokens, args.repeats, config)
+        run_adaptive(args.json, args.num_requests, args.max_tokens, args.repeats, config, device=args.device)
     elif args.name == "sd":
         from verl_tlt.bench.sd_bench import run as run_sd
         from verl_tlt.spec.strategy import SpecStrategy
@@ -86,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             args.acceptance_prompts,
             args.toy_shape,
             args.rounds,
+            device=args.device,
         )
     elif args.name == "engine":
         from verl_tlt.bench.engine_bench import MODELS, run
@@ -93,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         unknown = sorted(set(args.models) - set(MODELS))
         if unknown:
             parser.error(f"unknown model(s) {unknown}; choose from {sorted(MODELS)}")
-        run(args.json, args.models, args.batch_sizes, args.prompt_len, args.new_tokens, args.repeats)
+        run(args.json, args.models, args.batch_sizes, args.prompt_len, args.new_tokens, args.repeats, args.device)
     elif args.name == "verify":
         import torch
 

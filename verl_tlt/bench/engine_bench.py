@@ -69,12 +69,20 @@ def time_call(fn, repeats: int) -> float:
     return best
 
 
-def bench_one(spec: BenchModel, batch_size: int, prompt_len: int, new_tokens: int, repeats: int, workdir: Path):
+def bench_one(
+    spec: BenchModel,
+    batch_size: int,
+    prompt_len: int,
+    new_tokens: int,
+    repeats: int,
+    workdir: Path,
+    device: str = "cpu",
+):
     from verl_tlt.engine import RolloutEngine, SamplingParams
 
     path = workdir / spec.name
-    hf_model = build_model(spec, path)
-    engine = RolloutEngine.from_pretrained(str(path), max_num_seqs=batch_size)
+    hf_model = build_model(spec, path).to(device)
+    engine = RolloutEngine.from_pretrained(str(path), max_num_seqs=batch_size, device=device)
     generator = torch.Generator().manual_seed(1)
     prompts = torch.randint(3, spec.vocab_size, (batch_size, prompt_len), generator=generator)
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
@@ -86,14 +94,16 @@ def bench_one(spec: BenchModel, batch_size: int, prompt_len: int, new_tokens: in
     def run_hf():
         with torch.inference_mode():
             out = hf_model.generate(
-                prompts,
-                attention_mask=torch.ones_like(prompts),
+                prompts.to(device),
+                attention_mask=torch.ones_like(prompts, device=device),
                 max_new_tokens=new_tokens,
                 min_new_tokens=new_tokens,
                 do_sample=False,
                 pad_token_id=0,
             )
-        assert out.shape[1] == prompt_len + new_tokens
+        assert out.shape[1] == prompt_len + new_tokens  # reading the shape does not wait for the device:
+        if out.is_cuda:
+            torch.cuda.synchronize()
 
     engine_s, hf_s = time_call(run_engine, repeats), time_call(run_hf, repeats)
     tokens = batch_size * new_tokens
@@ -110,13 +120,19 @@ def bench_one(spec: BenchModel, batch_size: int, prompt_len: int, new_tokens: in
 
 
 def run(
-    json_path: str | None, models: list[str], batch_sizes: list[int], prompt_len: int, new_tokens: int, repeats: int
+    json_path: str | None,
+    models: list[str],
+    batch_sizes: list[int],
+    prompt_len: int,
+    new_tokens: int,
+    repeats: int,
+    device: str = "cpu",
 ) -> dict:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in models:
             for batch_size in batch_sizes:
-                row = bench_one(MODELS[name], batch_size, prompt_len, new_tokens, repeats, Path(tmp))
+                row = bench_one(MODELS[name], batch_size, prompt_len, new_tokens, repeats, Path(tmp), device)
                 rows.append(row)
                 print(
                     f"{row['model']:>10} bs={row['batch_size']:>3}: engine {row['tokens_per_s']:>8.1f} tok/s, "
@@ -127,6 +143,7 @@ def run(
         "benchmark": "engine",
         "torch_threads": torch.get_num_threads(),
         "dtype": "float32",
+        "device": device,
         "decoding": "greedy, EOS ignored, best of repeats after one warm-up",
         "rows": rows,
     }

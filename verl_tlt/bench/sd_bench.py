@@ -78,12 +78,16 @@ def run(
     acceptance_prompts: int,
     toy_shape: str = "default",
     rounds: int = 4,
+    *,
+    device: str = "cpu",
 ) -> dict:
     from verl_tlt.toy.drafter import ensure_toy_drafter, toy_prompts
     from verl_tlt.toy.sft import ensure_toy_target
 
     target, drafter_dir = ensure_toy_target(shape=toy_shape), ensure_toy_drafter(shape=toy_shape)
-    engine = RolloutEngine.from_pretrained(str(target), drafter=str(drafter_dir), max_num_seqs=max(batch_sizes))
+    engine = RolloutEngine.from_pretrained(
+        str(target), drafter=str(drafter_dir), max_num_seqs=max(batch_sizes), device=device
+    )
     prompts = toy_prompts(target, max(max(batch_sizes) * rounds, acceptance_prompts), PROBLEM_SEED)
     engine.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=8), strategy=strategies[0])  # warm-up
 
@@ -113,6 +117,7 @@ def run(
         "curve_temperature": temperature,
         "max_tokens": max_tokens,
         "rounds": rounds,
+        "device": device,
         "torch_threads": torch.get_num_threads(),
         "dtype": "float32",
         # Headline acceptance lengths: the first (deepest by default) strategy, batch 1.
