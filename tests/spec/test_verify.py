@@ -132,3 +132,14 @@ def test_similar_drafter_accepts_more_than_unrelated():
         _, per_step = speculative_sample(target, drafter, PROMPT, params_for(256, 1.0), TREE, 6, generator)
         lengths[weight] = mean(per_step)
     assert lengths[0.2] > lengths[1.0] + 0.3, lengths
+
+
+def test_emitted_positions_are_built_on_the_logits_device():
+    """On CUDA the log-prob gather indexes CUDA logits: CPU index tensors failed there (found on an H200)."""
+    from verl_tlt.spec.verify import VerifyResult, emitted_positions
+
+    results = [VerifyResult(path=[0, 1], tokens=[7, 8]), VerifyResult(path=[0], tokens=[9])]
+    rows, nodes, tokens = emitted_positions(results, "meta")
+    assert {t.device.type for t in (rows, nodes, tokens)} == {"meta"}
+    rows, nodes, tokens = emitted_positions(results)
+    assert (rows.tolist(), nodes.tolist(), tokens.tolist()) == ([0, 0, 1], [0, 1, 0], [7, 8, 9])

@@ -308,7 +308,7 @@ class RolloutEngine:
         moves = accepted_path_moves(results, self.cache_lens, self.device)
         if moves is not None:
             self.cache.compact_rows(*moves)
-        rows, nodes, tokens = emitted_positions(results)
+        rows, nodes, tokens = emitted_positions(results, logits.device)
         source = logits if self.raw_logprobs else processed
         log_probs = token_log_probs(source[rows, nodes], tokens).tolist()
         offset = 0

@@ -75,12 +75,15 @@ def verify_tree(
     return results
 
 
-def emitted_positions(results: list[VerifyResult]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Flattened (row, node, token) index tensors of every emitted token, for gathering log-probs."""
+def emitted_positions(
+    results: list[VerifyResult], device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Flattened (row, node, token) index tensors of every emitted token on `device` (the logits'), for gathering
+    log-probs."""
     rows = [row for row, result in enumerate(results) for _ in result.tokens]
     nodes = [node for result in results for node in result.path]
     tokens = [token for result in results for token in result.tokens]
-    return torch.tensor(rows), torch.tensor(nodes), torch.tensor(tokens)
+    return tuple(torch.tensor(values, device=device) for values in (rows, nodes, tokens))
 
 
 def _children(parents: list[int]) -> list[list[int]]:
