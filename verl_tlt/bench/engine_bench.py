@@ -85,6 +85,7 @@ def bench_one(
     engine = RolloutEngine.from_pretrained(str(path), max_num_seqs=batch_size, device=device)
     generator = torch.Generator().manual_seed(1)
     prompts = torch.randint(3, spec.vocab_size, (batch_size, prompt_len), generator=generator)
+    hf_prompts = prompts.to(device)  # copied once, outside the timed calls
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
 
     def run_engine():
@@ -94,8 +95,8 @@ def bench_one(
     def run_hf():
         with torch.inference_mode():
             out = hf_model.generate(
-                prompts.to(device),
-                attention_mask=torch.ones_like(prompts, device=device),
+                hf_prompts,
+                attention_mask=torch.ones_like(hf_prompts),
                 max_new_tokens=new_tokens,
                 min_new_tokens=new_tokens,
                 do_sample=False,

@@ -65,7 +65,8 @@ class RolloutTrace:
                 "sd": dict(self.sd_totals),
                 **(extra or {}),
             }
-            self.num_closed += 0 if validation else 1
+            if not validation:
+                self.num_closed += 1
             self._reset()
             return record
 
