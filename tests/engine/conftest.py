@@ -12,7 +12,9 @@ ARCHS = {
 }
 
 
-def build_tiny_model(arch: str, path, seed: int = 0, vocab_size: int = 97, weight_std: float | None = None):
+def build_tiny_model(
+    arch: str, path, seed: int = 0, vocab_size: int = 97, weight_std: float | None = None, intermediate_size: int = 128
+):
     """A random tiny model of `arch`, saved to `path`; returns the transformers model (fp32, eval).
 
     weight_std re-draws every matrix with that std: larger weights make outputs depend on the context (the default
@@ -26,7 +28,7 @@ def build_tiny_model(arch: str, path, seed: int = 0, vocab_size: int = 97, weigh
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        intermediate_size=128,
+        intermediate_size=intermediate_size,
         tie_word_embeddings=arch != "llama",
         eos_token_id=EOS,
         bos_token_id=1,

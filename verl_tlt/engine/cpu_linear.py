@@ -20,7 +20,9 @@ Parameters and names are nn.Linear's, so checkpoints and weight syncs are unaffe
 
 from __future__ import annotations
 
+import itertools
 import logging
+import weakref
 
 import torch
 from torch import nn
@@ -38,11 +40,22 @@ PACKED_MIN_WEIGHT = 1 << 18
 
 _packed_kernel_usable: bool | None = None  # decided on first use: this torch build may lack the oneDNN ops
 
+# Under torch.compile, linears with large weights run through an opaque custom op (`cpu_layout_linear`) that looks
+# its module up here, so that the compiled step keeps the oneDNN layouts: inductor's own CPU matmul is the BLAS GEMM,
+# which on the AMD dev machine made a compiled 50M model 2x slower than the eager engine.
+_MODULES: weakref.WeakValueDictionary[int, CpuLayoutLinear] = weakref.WeakValueDictionary()
+_module_keys = itertools.count()
+
 
 class CpuLayoutLinear(nn.Linear):
     """nn.Linear with optional CPU inference layouts (off until `cpu_layouts` is set; see the module docstring)."""
 
     cpu_layouts = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._key = next(_module_keys)
+        _MODULES[self._key] = self
 
     def invalidate(self) -> None:
         self._by_column = None
@@ -52,6 +65,16 @@ class CpuLayoutLinear(nn.Linear):
         trains = torch.is_grad_enabled() and self.weight.requires_grad  # copies are detached: never train through
         if not self.cpu_layouts or trains or x.device.type != "cpu" or self.weight.dtype != torch.float32:
             return super().forward(x)
+        weight_size = self.in_features * self.out_features
+        if torch.compiler.is_compiling():
+            # Large weights: the layouts' kernels, opaque to the compiler. Small ones: traced as a plain product, where
+            # inductor's own kernel is as fast and the step's elementwise work fuses around it.
+            if weight_size >= PACKED_MIN_WEIGHT and _packed_kernel_available():
+                return torch.ops.verl_tlt.cpu_layout_linear(x, self._key)
+            return super().forward(x)
+        return self._layout_forward(x)
+
+    def _layout_forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
         weight_size = self.in_features * self.out_features
         if weight_size >= PACKED_MIN_WEIGHT and rows * weight_size >= PACKED_MIN_MACS and _packed_kernel_available():
@@ -82,6 +105,17 @@ class CpuLayoutLinear(nn.Linear):
             cached = (version, build(self.weight.detach()))
             setattr(self, name, cached)
         return cached[1]
+
+
+@torch.library.custom_op("verl_tlt::cpu_layout_linear", mutates_args=())
+def cpu_layout_linear(x: torch.Tensor, module_key: int) -> torch.Tensor:
+    """The CpuLayoutLinear registered under `module_key`, applied eagerly (its kernel choice included) to `x`."""
+    return _MODULES[module_key]._layout_forward(x)
+
+
+@cpu_layout_linear.register_fake
+def _(x: torch.Tensor, module_key: int) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], _MODULES[module_key].out_features))
 
 
 def packed_rows(rows: int) -> int:

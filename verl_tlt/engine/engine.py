@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from verl_tlt.engine.adaptive import AdaptivePolicy
+from verl_tlt.engine.compiled_forward import CompiledForward
 from verl_tlt.engine.decode_stats import DecodeStats
 from verl_tlt.engine.drafter import Drafter
 from verl_tlt.engine.kv_cache import SlotKVCache
@@ -39,6 +40,13 @@ CPU_LAYOUTS_MAX_BYTES = 1 << 30
 
 
 class RolloutEngine:
+    """The engine; keyword options besides the obvious ones:
+
+    cpu_layouts: serve fp32 CPU products from weight copies in faster kernel layouts (None: auto, see cpu_linear).
+    compile: run the target's forward steps through torch.compile (see compiled_forward): worth it for small,
+        overhead-bound models; the first step of each kind compiles (seconds to a minute on a small CPU).
+    """
+
     def __init__(
         self,
         model: CausalLM,
@@ -52,6 +60,7 @@ class RolloutEngine:
         max_draft_tokens: int = 64,
         policy: AdaptivePolicy | None = None,
         cpu_layouts: bool | None = None,
+        compile: bool = False,
     ):
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
@@ -66,6 +75,8 @@ class RolloutEngine:
             is_fp32_cpu = self.device.type == "cpu" and self.dtype == torch.float32
             cpu_layouts = is_fp32_cpu and weight_bytes <= CPU_LAYOUTS_MAX_BYTES
         model.use_cpu_layouts(cpu_layouts)
+        # torch.compile'd target forwards, one per kind of step (engine.compiled_forward); None runs eagerly.
+        self.compiled = CompiledForward(model) if compile else None
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len or model.spec.max_position_embeddings
@@ -239,7 +250,7 @@ class RolloutEngine:
         positions = torch.arange(seq, device=self.device).expand(len(requests), seq)
         causal = torch.ones(seq, seq, dtype=torch.bool, device=self.device).tril()
         mask = causal.expand(len(requests), 1, seq, seq)
-        hidden = self._forward(input_ids, positions, row_start, positions, mask)  # [N, T, H]
+        hidden = self._forward("prefill", input_ids, positions, row_start, positions, mask)  # [N, T, H]
         last = torch.tensor(lengths, device=self.device) - 1
         logits = self.model.logits(hidden[torch.arange(len(requests)), last])  # [N, V]
         if self._records_hidden:
@@ -256,7 +267,7 @@ class RolloutEngine:
         positions = lens.unsqueeze(-1)  # [B, 1]
         kv_len = int(lens.max()) + 1
         mask = (torch.arange(kv_len, device=self.device) <= positions).view(len(self.running), 1, 1, kv_len)
-        hidden = self._forward(input_ids, positions, 0, positions, mask)
+        hidden = self._forward("decode", input_ids, positions, 0, positions, mask)
         logits = self.model.logits(hidden[:, -1])
         self.cache_lens = [n + 1 for n in self.cache_lens]
         for row, request in enumerate(self.running):
@@ -300,7 +311,7 @@ class RolloutEngine:
         lens = torch.tensor(self.cache_lens, device=self.device)
         self.cache.ensure_capacity(len(requests), max(self.cache_lens) + tree.num_nodes)
         positions, write_pos, mask = tree_forward_layout(tree, lens)
-        hidden = self._forward(tree.tokens, positions, 0, write_pos, mask)  # [B, N+1, H]
+        hidden = self._forward("verify", tree.tokens, positions, 0, write_pos, mask)  # [B, N+1, H]
         logits = self.model.logits(hidden)  # [B, N+1, V]
         processed = params.process(logits)
         generators = [r.generator for r in requests]
@@ -362,9 +373,11 @@ class RolloutEngine:
     def _records_hidden(self) -> bool:
         return self.drafter is not None and self.drafter_error is None and self.drafter.uses_hidden_states
 
-    def _forward(self, input_ids, positions, row_start, write_pos, mask) -> torch.Tensor:
+    def _forward(self, kind: str, input_ids, positions, row_start, write_pos, mask) -> torch.Tensor:
         cos, sin = self.model.rotary_tables(positions, self.dtype, max_position=mask.shape[-1])
         batch = AttentionBatch(row_start=row_start, write_pos=write_pos, attn_mask=mask, cos=cos, sin=sin)
+        if self.compiled is not None:
+            return self.compiled(kind, input_ids, positions, batch, self.cache.k, self.cache.v)
         return self.model(input_ids, positions, batch, self.cache.k, self.cache.v)
 
     def _emit(self, requests: list[Request], logits: torch.Tensor) -> None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from tests.engine.conftest import tiny_qwen2  # noqa: F401
@@ -77,3 +79,28 @@ def test_end_validation_keeps_validation_out_of_the_next_training_record(tiny_qw
     assert record["validation"] is True and record["response_tokens"] == [4]
     server.trace.on_submit()  # the next training rollout starts a record of its own, numbered 0
     assert server.trace.close()["rollout_index"] == 0
+
+
+def test_compile_option_reaches_the_engine(tiny_qwen2):  # noqa: F811
+    previous = torch.get_num_threads()
+    try:
+        for flag in (True, False):
+            server = bare_server(tiny_qwen2[0], compile=flag)
+            server._run_engine = lambda: None  # no engine loop needed
+            server.init_engine()
+            assert (server.engine.compiled is not None) is flag
+    finally:
+        torch.set_num_threads(previous)
+
+
+@pytest.mark.parametrize(
+    ("torch_kwargs", "message"),
+    [
+        ({"compile": "yes"}, "engine_kwargs.torch.compile must be true or false, got 'yes'"),
+        ({"num_thread": 2}, "Unknown key(s) ['num_thread'] in actor_rollout_ref.rollout.engine_kwargs.torch"),
+    ],
+)
+def test_bad_engine_kwargs_name_the_key(tiny_qwen2, torch_kwargs, message):  # noqa: F811
+    server = bare_server(tiny_qwen2[0], **torch_kwargs)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        server.init_engine()

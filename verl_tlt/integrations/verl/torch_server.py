@@ -23,7 +23,7 @@ from verl_tlt.integrations.verl.rollout_trace import RolloutTrace, append_jsonl
 
 logger = logging.getLogger(__name__)
 
-TORCH_ENGINE_KWARGS = ("num_threads", "max_num_seqs", "trace_path")
+TORCH_ENGINE_KWARGS = ("num_threads", "max_num_seqs", "trace_path", "compile")
 _DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -42,6 +42,10 @@ def torch_engine_kwargs(config) -> dict[str, Any]:
         raise ValueError(
             f"Unknown key(s) {unknown} in actor_rollout_ref.rollout.engine_kwargs.torch; "
             f"supported: {list(TORCH_ENGINE_KWARGS)}"
+        )
+    if not isinstance(kwargs.get("compile", False), bool):
+        raise ValueError(
+            f"actor_rollout_ref.rollout.engine_kwargs.torch.compile must be true or false, got {kwargs['compile']!r}"
         )
     return kwargs
 
@@ -89,6 +93,7 @@ class TorchRolloutServer:
             max_model_len=max_model_len,
             seed=int(self.config.get("seed", 0) or 0) + self.replica_rank,
             logprobs_mode=self.config.logprobs_mode or "processed_logprobs",
+            compile=kwargs.get("compile", False),
         )
         self._thread = threading.Thread(
             target=with_torch_threads(self._run_engine, num_threads),

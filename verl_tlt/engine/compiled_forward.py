@@ -1,0 +1,59 @@
+"""The target's forward under torch.compile, one compiled function per kind of engine step (opt-in).
+
+Why: on a small model every decode step is dominated by per-op overhead (Python, dispatch, a dozen elementwise
+kernels per layer). Inductor fuses the elementwise work and runs the step as a few generated kernels plus the
+matrix products; on the 2-core dev CPU that made plain decoding of the toy model 1.4-1.7x faster
+(`verl-tlt bench engine`, README). The price is a compile on first use of each kind of step (seconds to tens of
+seconds on a small CPU) and whatever shapes trigger a recompile.
+
+Why one compiled function per kind of step: dynamo keeps its graphs per code object, with a recompile budget per
+code object (`torch._dynamo.config.recompile_limit`), and falls back to eager silently once it is spent. Prefill
+(kv_len == T), plain decode (T == 1) and verification (T == draft nodes + 1, kv_len > T) need different graphs,
+each at batch 1 and at batch > 1 (dynamo specialises sizes 0 and 1); giving each kind its own code object keeps
+each within budget. Shapes are dynamic (`dynamic=True`): the growing KV length does not recompile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+STEP_KINDS = ("prefill", "decode", "verify")
+
+
+def _prefill_forward(model, *args):
+    return model(*args)
+
+
+def _decode_forward(model, *args):
+    return model(*args)
+
+
+def _verify_forward(model, *args):
+    return model(*args)
+
+
+_FORWARDS: dict[str, Callable] = {
+    "prefill": _prefill_forward,
+    "decode": _decode_forward,
+    "verify": _verify_forward,
+}
+
+
+class CompiledForward:
+    """Calls `model(input_ids, positions, batch, k_caches, v_caches)` through the compiled function of a step kind.
+
+    The model's parameters stay graph inputs (no freezing), so weights loaded in place between steps are used by
+    the next step without recompiling.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self._compiled = {kind: torch.compile(fn, dynamic=True) for kind, fn in _FORWARDS.items()}
+
+    def __call__(self, kind: str, *args) -> torch.Tensor:
+        compiled = self._compiled.get(kind)
+        if compiled is None:
+            raise ValueError(f"Unknown step kind {kind!r}; expected one of {STEP_KINDS}")
+        return compiled(self.model, *args)
