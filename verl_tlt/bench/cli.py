@@ -16,6 +16,11 @@ def main(argv: list[str] | None = None) -> int:
     engine.add_argument("--prompt-len", type=int, default=32)
     engine.add_argument("--new-tokens", type=int, default=64)
     engine.add_argument("--repeats", type=int, default=3)
+    engine.add_argument(
+        "--no-compile",
+        action="store_true",
+        help="skip the RolloutEngine(compile=True) measurement (compiling takes time)",
+    )
     verify = sub.add_parser("verify", help="target forward cost vs draft tokens verified (k), and SD step overhead")
     verify.add_argument("--json", help="write results to this path")
     verify.add_argument("--model", choices=["qwen2-150m", "qwen2-tiny"], default="qwen2-150m")
@@ -97,7 +102,16 @@ def main(argv: list[str] | None = None) -> int:
         unknown = sorted(set(args.models) - set(MODELS))
         if unknown:
             parser.error(f"unknown model(s) {unknown}; choose from {sorted(MODELS)}")
-        run(args.json, args.models, args.batch_sizes, args.prompt_len, args.new_tokens, args.repeats, args.device)
+        run(
+            args.json,
+            args.models,
+            args.batch_sizes,
+            args.prompt_len,
+            args.new_tokens,
+            args.repeats,
+            args.device,
+            compile=not args.no_compile,
+        )
     elif args.name == "verify":
         import torch
 

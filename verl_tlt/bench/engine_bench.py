@@ -1,7 +1,9 @@
 """`verl-tlt bench engine`: the torch engine's decode throughput vs transformers' `generate`, same model.
 
 Both decode greedily the same prompts for the same number of new tokens (EOS ignored), in the same process,
-one after the other, so the printed ratios come from one run on one (noisy) machine.
+one after the other, so the printed ratios come from one run on one (noisy) machine. The engine is measured
+eagerly and, unless `compile=False`, also with `RolloutEngine(compile=True)`; the compiled engine's first call
+(which compiles) is timed separately as `compile_warmup_s` and is not part of its throughput.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ def bench_one(
     repeats: int,
     workdir: Path,
     device: str = "cpu",
+    compile: bool = True,
 ):
     from verl_tlt.engine import RolloutEngine, SamplingParams
 
@@ -88,9 +91,10 @@ def bench_one(
     hf_prompts = prompts.to(device)  # copied once, outside the timed calls
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
 
-    def run_engine():
+    def run_engine(engine=engine):
         outputs = engine.generate(prompts.tolist(), params)
         assert all(len(o.token_ids) == new_tokens for o in outputs)
+        return outputs
 
     def run_hf():
         with torch.inference_mode():
@@ -108,6 +112,19 @@ def bench_one(
 
     engine_s, hf_s = time_call(run_engine, repeats), time_call(run_hf, repeats)
     tokens = batch_size * new_tokens
+    compiled = {}
+    if compile:
+        compiled_engine = RolloutEngine.from_pretrained(str(path), max_num_seqs=batch_size, device=device, compile=True)
+        start = time.perf_counter()
+        same = [o.token_ids for o in run_engine(compiled_engine)] == [o.token_ids for o in run_engine()]
+        warmup_s = time.perf_counter() - start
+        compiled_s = time_call(lambda: run_engine(compiled_engine), repeats)
+        compiled = {
+            "compiled_tokens_per_s": round(tokens / compiled_s, 1),
+            "compiled_speedup_vs_hf": round(hf_s / compiled_s, 3),
+            "compile_warmup_s": round(warmup_s, 1),
+            "compiled_same_tokens": same,
+        }
     return {
         "model": spec.name,
         "params_m": round(sum(p.numel() for p in hf_model.parameters()) / 1e6, 2),
@@ -117,6 +134,7 @@ def bench_one(
         "tokens_per_s": round(tokens / engine_s, 1),
         "hf_tokens_per_s": round(tokens / hf_s, 1),
         "speedup_vs_hf": round(hf_s / engine_s, 3),
+        **compiled,
     }
 
 
@@ -128,24 +146,31 @@ def run(
     new_tokens: int,
     repeats: int,
     device: str = "cpu",
+    compile: bool = True,
 ) -> dict:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in models:
             for batch_size in batch_sizes:
-                row = bench_one(MODELS[name], batch_size, prompt_len, new_tokens, repeats, Path(tmp), device)
+                row = bench_one(MODELS[name], batch_size, prompt_len, new_tokens, repeats, Path(tmp), device, compile)
                 rows.append(row)
-                print(
+                line = (
                     f"{row['model']:>10} bs={row['batch_size']:>3}: engine {row['tokens_per_s']:>8.1f} tok/s, "
-                    f"HF generate {row['hf_tokens_per_s']:>8.1f} tok/s, speedup {row['speedup_vs_hf']:.2f}x",
-                    flush=True,
+                    f"HF generate {row['hf_tokens_per_s']:>8.1f} tok/s, speedup {row['speedup_vs_hf']:.2f}x"
                 )
+                if compile:
+                    line += (
+                        f"; compiled {row['compiled_tokens_per_s']:>8.1f} tok/s, speedup "
+                        f"{row['compiled_speedup_vs_hf']:.2f}x (compiling took {row['compile_warmup_s']:.0f} s)"
+                    )
+                print(line, flush=True)
     result = {
         "benchmark": "engine",
         "torch_threads": torch.get_num_threads(),
         "dtype": "float32",
         "device": device,
         "decoding": "greedy, EOS ignored, best of repeats after one warm-up",
+        "compiled": compile,
         "rows": rows,
     }
     if json_path:
