@@ -13,6 +13,7 @@ import torch
 from tests.engine.conftest import build_tiny_model
 from tests.engine.drafters import HFModelDrafter
 from verl_tlt.engine import RolloutEngine, SamplingParams
+from verl_tlt.engine.compiled_forward import STEP_KINDS, CompiledForward
 from verl_tlt.engine.cpu_linear import PACKED_MIN_WEIGHT, CpuLayoutLinear
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18, 19, 20], [21], [30, 31, 32]]
@@ -89,3 +90,10 @@ def test_large_weights_keep_the_cpu_layouts_inside_compiled_steps(tmp_path, monk
     down, gate_up, lm_head = (intermediate, 64), (64, 2 * intermediate), (64, 97)
     assert shapes.count(down) == shapes.count(gate_up) == 2 * GREEDY.max_tokens
     assert set(shapes) == {down, gate_up, lm_head}
+
+
+def test_each_engine_compiles_into_code_objects_of_its_own(varied_qwen2):
+    # dynamo's recompile budget is per code object: shared ones ran out when one process built four compiled engines.
+    first, second = (CompiledForward(RolloutEngine.from_pretrained(str(varied_qwen2[0])).model) for _ in range(2))
+    codes = [fn._torchdynamo_orig_callable.__code__ for forward in (first, second) for fn in forward._compiled.values()]
+    assert len(set(codes)) == len(codes) == 2 * len(STEP_KINDS)

@@ -6,15 +6,19 @@ matrix products; on the 2-core dev CPU that made plain decoding of the toy model
 (`verl-tlt bench engine`, README). The price is a compile on first use of each kind of step (seconds to tens of
 seconds on a small CPU) and whatever shapes trigger a recompile.
 
-Why one compiled function per kind of step: dynamo keeps its graphs per code object, with a recompile budget per
-code object (`torch._dynamo.config.recompile_limit`), and falls back to eager silently once it is spent. Prefill
-(kv_len == T), plain decode (T == 1) and verification (T == draft nodes + 1, kv_len > T) need different graphs,
-each at batch 1 and at batch > 1 (dynamo specialises sizes 0 and 1); giving each kind its own code object keeps
-each within budget. Shapes are dynamic (`dynamic=True`): the growing KV length does not recompile.
+Why one compiled function per kind of step and per engine: dynamo keeps its graphs on the code object it compiled,
+with a recompile budget per code object (`torch._dynamo.config.recompile_limit`, 8), and falls back to eager with
+only a warning once it is spent. Prefill (kv_len == T), plain decode (T == 1) and verification (T == draft nodes
++ 1, kv_len > T) need different graphs, each at batch 1 and at batch > 1 (dynamo specialises sizes 0 and 1) and
+with the KV length below or at the cache's capacity. Each engine's step kinds therefore get code objects of their
+own; one shared code object ran out of budget when a process built four compiled engines (`bench engine`). Shapes
+are dynamic (`dynamic=True`): the growing KV length does not recompile.
 """
 
 from __future__ import annotations
 
+import itertools
+import types
 from collections.abc import Callable
 
 import torch
@@ -39,6 +43,13 @@ _FORWARDS: dict[str, Callable] = {
     "decode": _decode_forward,
     "verify": _verify_forward,
 }
+_instances = itertools.count()
+
+
+def _fresh_copy(fn: Callable, suffix: str) -> Callable:
+    """`fn` with a code object of its own, so that dynamo caches (and budgets) its graphs separately."""
+    code = fn.__code__.replace(co_name=f"{fn.__name__}_{suffix}")
+    return types.FunctionType(code, fn.__globals__, code.co_name)
 
 
 class CompiledForward:
@@ -50,7 +61,10 @@ class CompiledForward:
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
-        self._compiled = {kind: torch.compile(fn, dynamic=True) for kind, fn in _FORWARDS.items()}
+        instance = next(_instances)
+        self._compiled = {
+            kind: torch.compile(_fresh_copy(fn, str(instance)), dynamic=True) for kind, fn in _FORWARDS.items()
+        }
 
     def __call__(self, kind: str, *args) -> torch.Tensor:
         compiled = self._compiled.get(kind)
