@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     sd.add_argument("--acceptance-prompts", type=int, default=32, help="prompts for the acceptance lengths")
     sd.add_argument("--rounds", type=int, default=4, help="batches of fresh prompts per batch size, summed")
     sd.add_argument(
+        "--compile", action="store_true", help="RolloutEngine(compile=True): the target's forwards torch.compile'd"
+    )
+    sd.add_argument(
         "--toy-shape",
         default="default",
         help="toy target shape (verl_tlt.toy.model.TOY_SHAPES); deep = 8 layers of width 96, trained and cached on "
@@ -95,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             args.toy_shape,
             args.rounds,
             device=args.device,
+            compile=args.compile,
         )
     elif args.name == "engine":
         from verl_tlt.bench.engine_bench import MODELS, run

@@ -80,17 +80,25 @@ def run(
     rounds: int = 4,
     *,
     device: str = "cpu",
+    compile: bool = False,
 ) -> dict:
     from verl_tlt.toy.drafter import ensure_toy_drafter, toy_prompts
     from verl_tlt.toy.sft import ensure_toy_target
 
     target, drafter_dir = ensure_toy_target(shape=toy_shape), ensure_toy_drafter(shape=toy_shape)
     engine = RolloutEngine.from_pretrained(
-        str(target), drafter=str(drafter_dir), max_num_seqs=max(batch_sizes), device=device
+        str(target), drafter=str(drafter_dir), max_num_seqs=max(batch_sizes), device=device, compile=compile
     )
     prompts = toy_prompts(target, max(max(batch_sizes) * rounds, acceptance_prompts), PROBLEM_SEED)
     engine.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=8), strategy=strategies[0])  # warm-up
-
+    if compile:
+        # Dynamo recompiles on first meeting some shape relations (batch vs cache rows, KV length at the cache's end);
+        # one untimed pass over every batch size and strategy keeps those compiles out of the timed runs.
+        warm = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0)
+        for batch_size in batch_sizes:
+            engine.max_num_seqs = batch_size
+            for strategy in (None, *strategies):
+                engine.generate(prompts[:batch_size], warm, strategy=strategy)
     acceptance = {
         strategy: measure_acceptance(engine, prompts[:acceptance_prompts], strategy, max_tokens)
         for strategy in strategies
@@ -118,6 +126,7 @@ def run(
         "max_tokens": max_tokens,
         "rounds": rounds,
         "device": device,
+        "compiled": compile,
         "torch_threads": torch.get_num_threads(),
         "dtype": "float32",
         # Headline acceptance lengths: the first (deepest by default) strategy, batch 1.
