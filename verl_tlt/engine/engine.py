@@ -19,6 +19,7 @@ import torch
 
 from verl_tlt.engine.adaptive import AdaptivePolicy
 from verl_tlt.engine.compiled_forward import CompiledForward
+from verl_tlt.engine.cuda_graphs import StepGraphPool, graph_batch_buckets
 from verl_tlt.engine.decode_stats import DecodeStats
 from verl_tlt.engine.drafter import Drafter
 from verl_tlt.engine.kv_cache import SlotKVCache
@@ -45,6 +46,8 @@ class RolloutEngine:
     cpu_layouts: serve fp32 CPU products from weight copies in faster kernel layouts (None: auto, see cpu_linear).
     compile: run the target's forward steps through torch.compile (see compiled_forward): worth it for small,
         overhead-bound models; the first step of each kind compiles (seconds to a minute on a small CPU).
+    cuda_graphs: on CUDA, replay decode and verify forwards from CUDA graphs per (width, batch bucket) (see
+        cuda_graphs); ignored, with a warning, on other devices.
     """
 
     def __init__(
@@ -61,6 +64,7 @@ class RolloutEngine:
         policy: AdaptivePolicy | None = None,
         cpu_layouts: bool | None = None,
         compile: bool = False,
+        cuda_graphs: bool = False,
     ):
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
@@ -77,6 +81,11 @@ class RolloutEngine:
         model.use_cpu_layouts(cpu_layouts)
         # torch.compile'd target forwards, one per kind of step (engine.compiled_forward); None runs eagerly.
         self.compiled = CompiledForward(model) if compile else None
+        if cuda_graphs and self.device.type != "cuda":
+            logger.warning("RolloutEngine(cuda_graphs=True) on %s: CUDA graphs need CUDA; not using them", self.device)
+            cuda_graphs = False
+        self._wants_graphs = cuda_graphs
+        self.graphs: StepGraphPool | None = None  # built by the first decode step, or by enable_step_graphs
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len or model.spec.max_position_embeddings
@@ -228,7 +237,34 @@ class RolloutEngine:
     def release_cache(self) -> None:
         if self.running or self.waiting:
             raise RuntimeError("Cannot release the KV cache while requests are in flight")
+        if self.graphs is not None:
+            self.graphs.reset()  # they point into the cache
         self.cache.release()
+
+    def enable_step_graphs(self, capture: bool = True) -> StepGraphPool:
+        """Serve decode and verify forwards from a StepGraphPool from now on (what cuda_graphs=True does lazily).
+
+        Plain decode is served at every batch bucket up to max_num_seqs; with an adaptive policy, verify steps only
+        for its strategies' widths and up to its threshold, otherwise any. capture=False replays the static-shape
+        path eagerly (off CUDA: tests of the padding and masks).
+        """
+        widths = verify_max_batch = None
+        if self.policy is not None:
+            widths = {SpecStrategy.parse(name).tree_tokens + 1 for name in self.policy.config.strategies}
+            verify_max_batch = self.policy.config.threshold
+        self.graphs = StepGraphPool(
+            self.model,
+            self.cache,
+            self.model.spec.head_dim,
+            self.dtype,
+            batch_buckets=graph_batch_buckets(self.max_num_seqs),
+            widths=widths,
+            verify_max_batch=verify_max_batch,
+            min_slots=self.max_num_seqs,
+            capture=capture,
+        )
+        self._wants_graphs = True
+        return self.graphs
 
     # ----- internals ---------------------------------------------------------------------------------------
 
@@ -376,6 +412,10 @@ class RolloutEngine:
     def _forward(self, kind: str, input_ids, positions, row_start, write_pos, mask) -> torch.Tensor:
         cos, sin = self.model.rotary_tables(positions, self.dtype, max_position=mask.shape[-1])
         batch = AttentionBatch(row_start=row_start, write_pos=write_pos, attn_mask=mask, cos=cos, sin=sin)
+        if kind != "prefill" and row_start == 0 and self._wants_graphs:
+            graphs = self.graphs or self.enable_step_graphs()
+            if graphs.serves(input_ids.shape[1], input_ids.shape[0]):
+                return graphs.run(input_ids, positions, write_pos, mask, cos, sin)
         if self.compiled is not None:
             return self.compiled(kind, input_ids, positions, batch, self.cache.k, self.cache.v)
         return self.model(input_ids, positions, batch, self.cache.k, self.cache.v)
