@@ -136,13 +136,14 @@ def run(
     config: SpeculativeConfig,
     *,
     device: str = "cpu",
+    cuda_graphs: bool = False,
 ) -> dict:
     from verl_tlt.toy.drafter import ensure_toy_drafter, toy_prompts
     from verl_tlt.toy.sft import ensure_toy_target
 
     target, drafter_dir = ensure_toy_target(), ensure_toy_drafter()
     engine = RolloutEngine.from_pretrained(
-        str(target), drafter=str(drafter_dir), max_num_seqs=num_requests, device=device
+        str(target), drafter=str(drafter_dir), max_num_seqs=num_requests, device=device, cuda_graphs=cuda_graphs
     )
     prompts = toy_prompts(target, num_requests, PROBLEM_SEED)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
@@ -191,6 +192,7 @@ def run(
         "max_tokens": max_tokens,
         "repeats": repeats,
         "device": device,
+        "cuda_graphs": engine.graphs.memory_report() if engine.graphs is not None else None,
         "torch_threads": torch.get_num_threads(),
         "policy": {k: list(v) if isinstance(v, tuple) else v for k, v in config.__dict__.items()},
         "runs": runs,

@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     sd.add_argument(
         "--compile", action="store_true", help="RolloutEngine(compile=True): the target's forwards torch.compile'd"
     )
+    sd.add_argument("--cuda-graphs", action="store_true", help="RolloutEngine(cuda_graphs=True) (CUDA only)")
     sd.add_argument(
         "--toy-shape",
         default="default",
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         "--max-tokens", type=int, default=1024, help="response cap (the toy world's longest solution is 937 tokens)"
     )
     adaptive.add_argument("--repeats", type=int, default=3)
+    adaptive.add_argument("--cuda-graphs", action="store_true", help="RolloutEngine(cuda_graphs=True) (CUDA only)")
     adaptive.add_argument("--threshold", type=int, default=None, help="override tlt.speculative.threshold")
     adaptive.add_argument("--strategies", nargs="+", default=None, help="override tlt.speculative.strategies")
     args = parser.parse_args(argv)
@@ -76,7 +78,15 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--num-requests, --max-tokens and --repeats must be >= 1")
         overrides = {"threshold": args.threshold, "strategies": tuple(args.strategies or ()) or None}
         config = dataclasses.replace(SpeculativeConfig(), **{k: v for k, v in overrides.items() if v is not None})
-        run_adaptive(args.json, args.num_requests, args.max_tokens, args.repeats, config, device=args.device)
+        run_adaptive(
+            args.json,
+            args.num_requests,
+            args.max_tokens,
+            args.repeats,
+            config,
+            device=args.device,
+            cuda_graphs=args.cuda_graphs,
+        )
     elif args.name == "sd":
         from verl_tlt.bench.sd_bench import run as run_sd
         from verl_tlt.spec.strategy import SpecStrategy
@@ -99,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             args.rounds,
             device=args.device,
             compile=args.compile,
+            cuda_graphs=args.cuda_graphs,
         )
     elif args.name == "engine":
         from verl_tlt.bench.engine_bench import MODELS, run

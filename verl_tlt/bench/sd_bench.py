@@ -81,19 +81,26 @@ def run(
     *,
     device: str = "cpu",
     compile: bool = False,
+    cuda_graphs: bool = False,
 ) -> dict:
     from verl_tlt.toy.drafter import ensure_toy_drafter, toy_prompts
     from verl_tlt.toy.sft import ensure_toy_target
 
     target, drafter_dir = ensure_toy_target(shape=toy_shape), ensure_toy_drafter(shape=toy_shape)
     engine = RolloutEngine.from_pretrained(
-        str(target), drafter=str(drafter_dir), max_num_seqs=max(batch_sizes), device=device, compile=compile
+        str(target),
+        drafter=str(drafter_dir),
+        max_num_seqs=max(batch_sizes),
+        device=device,
+        compile=compile,
+        cuda_graphs=cuda_graphs,
     )
     prompts = toy_prompts(target, max(max(batch_sizes) * rounds, acceptance_prompts), PROBLEM_SEED)
     engine.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=8), strategy=strategies[0])  # warm-up
-    if compile:
+    if compile or cuda_graphs:
         # Dynamo recompiles on first meeting some shape relations (batch vs cache rows, KV length at the cache's end);
-        # one untimed pass over every batch size and strategy keeps those compiles out of the timed runs.
+        # one untimed pass over every batch size and strategy keeps those compiles (and the CUDA-graph captures) out
+        # of the timed runs.
         warm = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0)
         for batch_size in batch_sizes:
             engine.max_num_seqs = batch_size
@@ -127,6 +134,7 @@ def run(
         "rounds": rounds,
         "device": device,
         "compiled": compile,
+        "cuda_graphs": engine.graphs.memory_report() if engine.graphs is not None else None,
         "torch_threads": torch.get_num_threads(),
         "dtype": "float32",
         # Headline acceptance lengths: the first (deepest by default) strategy, batch 1.

@@ -23,7 +23,7 @@ from verl_tlt.integrations.verl.rollout_trace import RolloutTrace, append_jsonl
 
 logger = logging.getLogger(__name__)
 
-TORCH_ENGINE_KWARGS = ("num_threads", "max_num_seqs", "trace_path", "compile")
+TORCH_ENGINE_KWARGS = ("num_threads", "max_num_seqs", "trace_path", "compile", "cuda_graphs")
 _DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -43,10 +43,11 @@ def torch_engine_kwargs(config) -> dict[str, Any]:
             f"Unknown key(s) {unknown} in actor_rollout_ref.rollout.engine_kwargs.torch; "
             f"supported: {list(TORCH_ENGINE_KWARGS)}"
         )
-    if not isinstance(kwargs.get("compile", False), bool):
-        raise ValueError(
-            f"actor_rollout_ref.rollout.engine_kwargs.torch.compile must be true or false, got {kwargs['compile']!r}"
-        )
+    for key in ("compile", "cuda_graphs"):
+        if not isinstance(kwargs.get(key, False), bool):
+            raise ValueError(
+                f"actor_rollout_ref.rollout.engine_kwargs.torch.{key} must be true or false, got {kwargs[key]!r}"
+            )
     return kwargs
 
 
@@ -94,6 +95,7 @@ class TorchRolloutServer:
             seed=int(self.config.get("seed", 0) or 0) + self.replica_rank,
             logprobs_mode=self.config.logprobs_mode or "processed_logprobs",
             compile=kwargs.get("compile", False),
+            cuda_graphs=kwargs.get("cuda_graphs", False),
         )
         self._thread = threading.Thread(
             target=with_torch_threads(self._run_engine, num_threads),
