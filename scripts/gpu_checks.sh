@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The checks a GPU machine is for, in one short run: the gpu-marked tests, then the benchmarks on CUDA with and
+# without the CUDA-graph pool. Needs torch + transformers + pytest (not verl). Usage, from the repository root:
+#   VERL_TLT_CACHE=<copy of ~/.cache/verl-tlt with the toy target and drafters> bash scripts/gpu_checks.sh OUT_DIR
+# Each step has its own time limit and the script goes on after a failure, so that one broken step does not cost
+# the rest of a short GPU session; the limits add up to under 10 minutes. Results: OUT_DIR/*.json and *.log.
+set -u
+out="${1:?usage: scripts/gpu_checks.sh OUT_DIR}"
+mkdir -p "$out"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+python=${PYTHON:-python3}
+
+step() {  # step NAME SECONDS COMMAND...
+    local name=$1 limit=$2
+    shift 2
+    echo "=== $name (limit ${limit}s)"
+    timeout "$limit" "$@" >"$out/$name.log" 2>&1
+    echo "=== $name: exit $?"
+    tail -n 15 "$out/$name.log"
+}
+
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
+step gpu_tests 150 "$python" -m pytest -q -m gpu tests/engine/test_engine_cuda.py
+step sd_graphs 120 "$python" -m verl_tlt.cli bench sd --device cuda --cuda-graphs --strategies 4_1_4 2_1_2 \
+    --acceptance-prompts 8 --json "$out/sd_graphs.json"
+step sd_plain 120 "$python" -m verl_tlt.cli bench sd --device cuda --strategies 4_1_4 2_1_2 \
+    --acceptance-prompts 8 --json "$out/sd.json"
+step adaptive_graphs 160 "$python" -m verl_tlt.cli bench adaptive --device cuda --cuda-graphs \
+    --json "$out/adaptive_graphs.json"
