@@ -109,7 +109,7 @@ def time_verify(engine: RolloutEngine, tree: DraftTree, cache_len: int, repeats:
     positions, write_pos, mask = tree_forward_layout(tree, lens)
 
     def verify() -> None:
-        hidden = engine._forward(tree.tokens, positions, 0, write_pos, mask)
+        hidden = engine._forward("verify", tree.tokens, positions, 0, write_pos, mask)
         engine.model.logits(hidden)
 
     with torch.inference_mode():
