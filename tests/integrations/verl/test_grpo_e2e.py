@@ -20,13 +20,21 @@ def world(tmp_path_factory):
     return build_toy_world(tmp_path_factory.mktemp("toy-world"), num_train=64, num_val=8)
 
 
-@pytest.mark.parametrize("entry_module", ["verl.trainer.main_ppo", "verl_tlt.main_ppo"])
-def test_grpo_trains_on_cpu_with_torch_rollout(world, tmp_path, entry_module):
+@pytest.mark.parametrize(
+    ("entry_module", "extra"),
+    [
+        ("verl.trainer.main_ppo", []),
+        ("verl_tlt.main_ppo", ["tlt.enabled=false"]),
+        # The compiled engine inside verl: its graphs must use the weights verl syncs in after every update.
+        ("verl.trainer.main_ppo", ["actor_rollout_ref.rollout.engine_kwargs.torch.compile=true"]),
+    ],
+    ids=["stock-entry", "tlt-entry", "compiled-rollout"],
+)
+def test_grpo_trains_on_cpu_with_torch_rollout(world, tmp_path, entry_module, extra):
     overrides = toy_grpo_overrides(
         world, steps=3, batch_size=4, group_size=2, max_response_length=48, lr=1e-3, reward_fn=DENSE_REWARD
     )
-    if entry_module == "verl_tlt.main_ppo":
-        overrides.append("tlt.enabled=false")
+    overrides += extra
     result = run_verl_job(overrides, tmp_path, timeout_s=420, entry_module=entry_module)
 
     assert [m["step"] for m in result.metrics] == [1, 2, 3]
