@@ -97,3 +97,20 @@ def test_each_engine_compiles_into_code_objects_of_its_own(varied_qwen2):
     first, second = (CompiledForward(RolloutEngine.from_pretrained(str(varied_qwen2[0])).model) for _ in range(2))
     codes = [fn._torchdynamo_orig_callable.__code__ for forward in (first, second) for fn in forward._compiled.values()]
     assert len(set(codes)) == len(codes) == 2 * len(STEP_KINDS)
+
+
+def test_a_copied_model_reaches_its_own_weights_through_the_custom_op(tmp_path):
+    import copy
+
+    intermediate = PACKED_MIN_WEIGHT // 64
+    build_tiny_model("qwen2", tmp_path, weight_std=0.05, intermediate_size=intermediate)
+    original = RolloutEngine.from_pretrained(str(tmp_path), max_num_seqs=1, compile=True)
+    twin = copy.deepcopy(original.model)  # deepcopy skips __init__: the twin must not borrow the original's keys
+    with torch.no_grad():
+        for param in twin.parameters():
+            param.mul_(1.5)
+    copied = RolloutEngine(twin, eos_token_ids=[3], max_num_seqs=1, compile=True)
+    reference = RolloutEngine(copy.deepcopy(twin), eos_token_ids=[3], max_num_seqs=1)
+    prompts = [[5, 6, 7]]
+    original.generate(prompts, GREEDY)
+    assert_same_outputs(copied.generate(prompts, GREEDY), reference.generate(prompts, GREEDY))

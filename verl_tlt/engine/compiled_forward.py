@@ -23,6 +23,8 @@ from collections.abc import Callable
 
 import torch
 
+from verl_tlt.engine.cpu_linear import register_for_compile
+
 STEP_KINDS = ("prefill", "decode", "verify")
 
 
@@ -61,6 +63,7 @@ class CompiledForward:
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
+        register_for_compile(model)  # large CPU products keep their layouts through the custom op
         instance = next(_instances)
         self._compiled = {
             kind: torch.compile(_fresh_copy(fn, str(instance)), dynamic=True) for kind, fn in _FORWARDS.items()

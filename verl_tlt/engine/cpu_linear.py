@@ -42,7 +42,9 @@ _packed_kernel_usable: bool | None = None  # decided on first use: this torch bu
 
 # Under torch.compile, linears with large weights run through an opaque custom op (`cpu_layout_linear`) that looks
 # its module up here, so that the compiled step keeps the oneDNN layouts: inductor's own CPU matmul is the BLAS GEMM,
-# which on the AMD dev machine made a compiled 50M model 2x slower than the eager engine.
+# which on the AMD dev machine made a compiled 50M model 2x slower than the eager engine. Modules get their key from
+# `register_for_compile` (called before compiling), not at construction: copies (deepcopy, unpickling) skip
+# __init__ and would otherwise share their original's key, and so its weights.
 _MODULES: weakref.WeakValueDictionary[int, CpuLayoutLinear] = weakref.WeakValueDictionary()
 _module_keys = itertools.count()
 
@@ -51,11 +53,8 @@ class CpuLayoutLinear(nn.Linear):
     """nn.Linear with optional CPU inference layouts (off until `cpu_layouts` is set; see the module docstring)."""
 
     cpu_layouts = False
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._key = next(_module_keys)
-        _MODULES[self._key] = self
+    _key: int | None = None  # this module's key in _MODULES, set by register_for_compile
+    _key_owner: int | None = None  # id() of the module the key was issued to (a copy carries its original's)
 
     def invalidate(self) -> None:
         self._by_column = None
@@ -69,7 +68,8 @@ class CpuLayoutLinear(nn.Linear):
         if torch.compiler.is_compiling():
             # Large weights: the layouts' kernels, opaque to the compiler. Small ones: traced as a plain product, where
             # inductor's own kernel is as fast and the step's elementwise work fuses around it.
-            if weight_size >= PACKED_MIN_WEIGHT and _packed_kernel_available():
+            registered = self._key is not None and self._key_owner == id(self)  # plain attributes: traceable
+            if registered and weight_size >= PACKED_MIN_WEIGHT and _packed_kernel_available():
                 return torch.ops.verl_tlt.cpu_layout_linear(x, self._key)
             return super().forward(x)
         return self._layout_forward(x)
@@ -124,6 +124,14 @@ def packed_rows(rows: int) -> int:
         return 8
     step = 1 << (rows.bit_length() - 3)  # 9-16 rows: steps of 2; 17-32: of 4; ...
     return -(-rows // step) * step
+
+
+def register_for_compile(module: nn.Module) -> None:
+    """Give every CpuLayoutLinear under `module` its own key, so that compiled code can reach its layouts."""
+    for child in module.modules():
+        if isinstance(child, CpuLayoutLinear) and (child._key is None or _MODULES.get(child._key) is not child):
+            child._key, child._key_owner = next(_module_keys), id(child)
+            _MODULES[child._key] = child
 
 
 def set_cpu_layouts(module: nn.Module, enabled: bool) -> None:
