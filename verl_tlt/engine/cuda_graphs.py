@@ -8,9 +8,9 @@ forward at once. A graph needs fixed shapes and fixed tensor addresses, so:
 - attention always reads the whole cache length (the mask hides what is not there yet), so the KV length may
   change from step to step without a new graph; the pool therefore sizes the cache to its full length once;
 - inputs are copied into static buffers before each replay, and the output is copied out after it.
-Graphs are captured lazily, the first time a (width, bucket) pair that the pool serves is used, and only for the
-widths and buckets it was built with (the adaptive policy's strategies and buckets below its threshold). All
-graphs share one memory pool. When the cache is reallocated (more slots, or released while the rollout sleeps and
+Graphs are captured lazily, the first time a (width, bucket) pair that the pool serves is used: plain decode at
+every bucket, verify steps only for the widths and batch sizes the pool was built with (with an adaptive policy:
+its strategies' widths, up to its threshold). All graphs share one memory pool. When the cache is reallocated (more slots, or released while the rollout sleeps and
 allocated again) every graph is dropped and recaptured on demand.
 
 Padding rows must not disturb live sequences: they run in the cache slots after the batch's rows (free slots, as the
