@@ -47,6 +47,14 @@ def build_tiny_model(
     return model
 
 
+def assert_same_outputs(outputs, reference, atol: float = 1e-5) -> None:
+    """Two engines' outputs for the same requests: same tokens and finish reasons, log-probs within atol."""
+    for got, want in zip(outputs, reference, strict=True):
+        assert got.token_ids == want.token_ids
+        assert got.finish_reason == want.finish_reason
+        assert torch.allclose(torch.tensor(got.log_probs), torch.tensor(want.log_probs), atol=atol)
+
+
 @pytest.fixture(scope="session")
 def varied_qwen2(tmp_path_factory):
     """A tiny Qwen2 whose greedy outputs vary with the context (for speculative-decoding tests)."""

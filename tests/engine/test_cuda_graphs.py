@@ -11,6 +11,7 @@ import logging
 import pytest
 import torch
 
+from tests.engine.conftest import assert_same_outputs
 from tests.engine.drafters import HFModelDrafter
 from verl_tlt.config import SpeculativeConfig
 from verl_tlt.engine import RolloutEngine, SamplingParams
@@ -39,12 +40,6 @@ def engine_pair(varied_qwen2, **kwargs):
     ]
     engines[1].enable_step_graphs(capture=False)
     return engines
-
-
-def assert_same_outputs(outputs, reference):
-    for got, want in zip(outputs, reference, strict=True):
-        assert got.token_ids == want.token_ids
-        assert torch.allclose(torch.tensor(got.log_probs), torch.tensor(want.log_probs), atol=1e-5)
 
 
 def test_batch_buckets_are_powers_of_two_up_to_the_batch_limit():

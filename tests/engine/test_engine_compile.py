@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.engine.conftest import build_tiny_model
+from tests.engine.conftest import assert_same_outputs, build_tiny_model
 from tests.engine.drafters import HFModelDrafter
 from verl_tlt.engine import RolloutEngine, SamplingParams
 from verl_tlt.engine.compiled_forward import STEP_KINDS, CompiledForward
@@ -31,13 +31,6 @@ def engines(varied_qwen2):
         str(path), max_num_seqs=3, drafter=HFModelDrafter(hf_model, noise=1.0), compile=True
     )
     return eager, compiled
-
-
-def assert_same_outputs(outputs, reference):
-    for got, want in zip(outputs, reference, strict=True):
-        assert got.token_ids == want.token_ids
-        assert got.finish_reason == want.finish_reason
-        assert torch.allclose(torch.tensor(got.log_probs), torch.tensor(want.log_probs), atol=1e-5)
 
 
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])

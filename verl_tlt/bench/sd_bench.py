@@ -97,21 +97,20 @@ def run(
     )
     prompts = toy_prompts(target, max(max(batch_sizes) * rounds, acceptance_prompts), PROBLEM_SEED)
     engine.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=8), strategy=strategies[0])  # warm-up
+    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0)
     if compile or cuda_graphs:
         # Dynamo recompiles on first meeting some shape relations (batch vs cache rows, KV length at the cache's end);
         # one untimed pass over every batch size and strategy keeps those compiles (and the CUDA-graph captures) out
         # of the timed runs.
-        warm = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0)
         for batch_size in batch_sizes:
             engine.max_num_seqs = batch_size
             for strategy in (None, *strategies):
-                engine.generate(prompts[:batch_size], warm, strategy=strategy)
+                engine.generate(prompts[:batch_size], params, strategy=strategy)
     acceptance = {
         strategy: measure_acceptance(engine, prompts[:acceptance_prompts], strategy, max_tokens)
         for strategy in strategies
     }
     rows = []
-    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0)
     for strategy in strategies:
         for batch_size in batch_sizes:
             batches = [prompts[r * batch_size : (r + 1) * batch_size] for r in range(rounds)]

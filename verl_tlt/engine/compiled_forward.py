@@ -26,26 +26,11 @@ import torch
 from verl_tlt.engine.cpu_linear import register_for_compile
 
 STEP_KINDS = ("prefill", "decode", "verify")
-
-
-def _prefill_forward(model, *args):
-    return model(*args)
-
-
-def _decode_forward(model, *args):
-    return model(*args)
-
-
-def _verify_forward(model, *args):
-    return model(*args)
-
-
-_FORWARDS: dict[str, Callable] = {
-    "prefill": _prefill_forward,
-    "decode": _decode_forward,
-    "verify": _verify_forward,
-}
 _instances = itertools.count()
+
+
+def _step_forward(model, *args):
+    return model(*args)
 
 
 def _fresh_copy(fn: Callable, suffix: str) -> Callable:
@@ -66,7 +51,7 @@ class CompiledForward:
         register_for_compile(model)  # large CPU products keep their layouts through the custom op
         instance = next(_instances)
         self._compiled = {
-            kind: torch.compile(_fresh_copy(fn, str(instance)), dynamic=True) for kind, fn in _FORWARDS.items()
+            kind: torch.compile(_fresh_copy(_step_forward, f"{kind}_{instance}"), dynamic=True) for kind in STEP_KINDS
         }
 
     def __call__(self, kind: str, *args) -> torch.Tensor:

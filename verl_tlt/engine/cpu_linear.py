@@ -64,12 +64,12 @@ class CpuLayoutLinear(nn.Linear):
         trains = torch.is_grad_enabled() and self.weight.requires_grad  # copies are detached: never train through
         if not self.cpu_layouts or trains or x.device.type != "cpu" or self.weight.dtype != torch.float32:
             return super().forward(x)
-        weight_size = self.in_features * self.out_features
         if torch.compiler.is_compiling():
             # Large weights: the layouts' kernels, opaque to the compiler. Small ones: traced as a plain product, where
             # inductor's own kernel is as fast and the step's elementwise work fuses around it.
             registered = self._key is not None and self._key_owner == id(self)  # plain attributes: traceable
-            if registered and weight_size >= PACKED_MIN_WEIGHT and _packed_kernel_available():
+            large = self.in_features * self.out_features >= PACKED_MIN_WEIGHT
+            if registered and large and _packed_kernel_available():
                 return torch.ops.verl_tlt.cpu_layout_linear(x, self._key)
             return super().forward(x)
         return self._layout_forward(x)

@@ -10,8 +10,9 @@ forward at once. A graph needs fixed shapes and fixed tensor addresses, so:
 - inputs are copied into static buffers before each replay, and the output is copied out after it.
 Graphs are captured lazily, the first time a (width, bucket) pair that the pool serves is used: plain decode at
 every bucket, verify steps only for the widths and batch sizes the pool was built with (with an adaptive policy:
-its strategies' widths, up to its threshold). All graphs share one memory pool. When the cache is reallocated (more slots, or released while the rollout sleeps and
-allocated again) every graph is dropped and recaptured on demand.
+its strategies' widths, up to its threshold). All graphs share one memory pool. When the cache is reallocated
+(more slots, or released while the rollout sleeps and allocated again) every graph is dropped and recaptured on
+demand.
 
 Padding rows must not disturb live sequences: they run in the cache slots after the batch's rows (free slots, as the
 running batch is compact) and write only to the cache's last column, which no real position reaches (the engine
