@@ -17,8 +17,8 @@ import torch
 
 from verl_tlt.drafter.model import EagleDrafterModel
 from verl_tlt.engine.drafter import DraftContext, Drafter
+from verl_tlt.engine.eagle_inference import EagleInferenceForward
 from verl_tlt.engine.kv_cache import SlotKVCache
-from verl_tlt.engine.model import AttentionBatch
 
 
 class EagleDrafter(Drafter):
@@ -32,6 +32,7 @@ class EagleDrafter(Drafter):
         self.device, self.dtype = param.device, param.dtype
         layer_spec = dataclasses.replace(model.spec, num_layers=1)
         self.cache = SlotKVCache(layer_spec, dtype=self.dtype, device=self.device, max_len=max_len)
+        self.forward = EagleInferenceForward(self.model)  # the model's forward as few fused ops (eagle_inference)
         self.synced: list[int] = []  # pairs in each slot's cache
         self._root: _DraftRoot | None = None  # set by begin: where this step's chain or tree starts
         self._search: _TreeSearchState | None = None  # tree bookkeeping, made by the first expand after begin
@@ -141,8 +142,7 @@ class EagleDrafter(Drafter):
 
     def _forward(self, tokens, hidden, positions, write_pos, mask, kv_len: int) -> torch.Tensor:
         cos, sin = self.model.target.rotary_tables(positions, self.dtype, max_position=kv_len)
-        batch = AttentionBatch(row_start=0, write_pos=write_pos, attn_mask=mask, cos=cos, sin=sin, kv_len=kv_len)
-        return self.model(tokens, hidden, batch, self.cache.k[0], self.cache.v[0])
+        return self.forward(tokens, hidden, write_pos, mask, kv_len, cos, sin, self.cache.k[0], self.cache.v[0])
 
 
 class _DraftRoot:

@@ -1,0 +1,146 @@
+"""The EAGLE drafter's inference forward in a dozen tensor ops, from weights laid out once for them.
+
+Why: the drafter runs several times per speculative step (`begin`, then once per draft level), and at the small
+batches where speculation pays each of those forwards is mostly per-op overhead: module calls, dispatch, and a
+handful of elementwise kernels for every product. Speculation only gains what the drafter leaves of the target's
+time, so this path computes exactly `EagleDrafterModel.forward` (same weights, same math, float rounding aside)
+with fewer, fused calls:
+- the q/k rotation is folded into the projection: rotate_half is linear, so rotate_half(x W + b) equals x W' + b'
+  with W', b' the rotated columns of W, b. One product yields q, k, v and the rotated q, k, and the rotary update
+  is one multiply and one fused multiply-add (Qwen3's per-head q/k norms sit between the projection and the
+  rotation, so there the rotation stays explicit);
+- the residual additions ride on the products (`addmm`), and the products use contiguous transposed weights
+  (the layout small-row products are fastest in on CPU, `engine.cpu_linear`).
+Training never uses this path: it reads the drafter's parameters and rebuilds its layouts when their version
+changes (an optimizer step or `load_state_dict`); writes through `.data` need `invalidate()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from verl_tlt.drafter.model import EagleDrafterModel
+from verl_tlt.engine.model import rotate_half
+
+
+@dataclass
+class _Layouts:
+    versions: tuple[int, ...]
+    fc: torch.Tensor  # [2H, H]
+    qkv: torch.Tensor  # [H, q + 2kv (+ q + kv rotated, when folded)]
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor  # [q, H]
+    o_bias: torch.Tensor | None
+    gate_up: torch.Tensor  # [H, 2I]
+    down: torch.Tensor  # [I, H]
+
+
+class EagleInferenceForward:
+    """`EagleDrafterModel.forward` for inference: features [B, T, H] from tokens, target features and a KV cache."""
+
+    def __init__(self, model: EagleDrafterModel):
+        self.model = model
+        attn = model.layer.self_attn
+        self.num_heads, self.num_kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
+        self.q_size, self.kv_size = attn.q_size, attn.kv_size
+        self.fold_rotation = attn.q_norm is None
+        self.intermediate_size = model.layer.mlp.intermediate_size
+        self._layouts: _Layouts | None = None
+
+    def invalidate(self) -> None:
+        self._layouts = None
+
+    def __call__(
+        self,
+        tokens: torch.Tensor,
+        hidden: torch.Tensor,
+        write_pos: torch.Tensor,
+        mask: torch.Tensor | None,
+        kv_len: int,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        """tokens [B, T] (t_{j+1}), hidden [B, T, H] (h_j); rows are cache slots 0..B-1; mask [B, 1, T, L] or None."""
+        w = self._current_layouts()
+        model = self.model
+        rows, width = tokens.shape
+        hidden_size = model.spec.hidden_size
+        embeds = F.embedding(tokens, model.target.model.embed_tokens.weight)
+        x = torch.cat([embeds, hidden.to(embeds.dtype)], dim=-1).view(rows * width, 2 * hidden_size) @ w.fc
+        qkv = x @ w.qkv if w.qkv_bias is None else torch.addmm(w.qkv_bias, x, w.qkv)
+        qkv = qkv.view(rows, width, -1)
+        heads = self.num_heads + self.num_kv_heads
+        qk = qkv[..., : self.q_size + self.kv_size].view(rows, width, heads, self.head_dim)
+        v = qkv[..., self.q_size + self.kv_size : self.q_size + 2 * self.kv_size]
+        v = v.view(rows, width, self.num_kv_heads, self.head_dim)
+        cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # [B, T, 1, D]
+        if self.fold_rotation:
+            rotated = qkv[..., self.q_size + 2 * self.kv_size :].view(rows, width, heads, self.head_dim)
+        else:
+            attn = model.layer.self_attn
+            qk = torch.cat([attn.q_norm(qk[:, :, : self.num_heads]), attn.k_norm(qk[:, :, self.num_heads :])], dim=2)
+            rotated = rotate_half(qk)
+        qk = torch.addcmul(qk * cos, rotated, sin)
+        slots = torch.arange(rows, device=tokens.device).unsqueeze(-1)
+        k_cache[slots, :, write_pos] = qk[:, :, self.num_heads :].to(k_cache.dtype)
+        v_cache[slots, :, write_pos] = v.to(v_cache.dtype)
+        out = F.scaled_dot_product_attention(
+            qk[:, :, : self.num_heads].transpose(1, 2),
+            k_cache[:rows, :, :kv_len],
+            v_cache[:rows, :, :kv_len],
+            attn_mask=mask,
+            enable_gqa=self.num_kv_heads != self.num_heads,
+        )  # [B, heads, T, D]
+        out = out.transpose(1, 2).reshape(rows * width, self.q_size)
+        x = torch.addmm(x, out, w.o) if w.o_bias is None else torch.addmm(x + w.o_bias, out, w.o)
+        norm = model.layer.post_attention_layernorm
+        gate_up = norm(x) @ w.gate_up
+        act = F.silu(gate_up[:, : self.intermediate_size]).mul_(gate_up[:, self.intermediate_size :])
+        return torch.addmm(x, act, w.down).view(rows, width, hidden_size)
+
+    def _current_layouts(self) -> _Layouts:
+        params = self._params()
+        versions = tuple(p._version for p in params if p is not None)
+        if self._layouts is None or self._layouts.versions != versions:
+            self._layouts = self._build(versions)
+        return self._layouts
+
+    def _params(self) -> list[torch.Tensor | None]:
+        attn, mlp = self.model.layer.self_attn, self.model.layer.mlp
+        return [
+            self.model.fc.weight,
+            attn.qkv_proj.weight,
+            attn.qkv_proj.bias,
+            attn.o_proj.weight,
+            attn.o_proj.bias,
+            mlp.gate_up_proj.weight,
+            mlp.down_proj.weight,
+        ]
+
+    @torch.no_grad()
+    def _build(self, versions: tuple[int, ...]) -> _Layouts:
+        fc, qkv, qkv_bias, o, o_bias, gate_up, down = (p.detach() if p is not None else None for p in self._params())
+        qkv_t = qkv.t()
+        if self.fold_rotation:
+            heads = self.num_heads + self.num_kv_heads
+            qk_columns = self.q_size + self.kv_size
+            rotated = rotate_half(qkv_t[:, :qk_columns].reshape(-1, heads, self.head_dim)).reshape(-1, qk_columns)
+            qkv_t = torch.cat([qkv_t, rotated], dim=1)
+            if qkv_bias is not None:
+                rotated_bias = rotate_half(qkv_bias[:qk_columns].view(heads, self.head_dim)).reshape(-1)
+                qkv_bias = torch.cat([qkv_bias, rotated_bias])
+        return _Layouts(
+            versions=versions,
+            fc=fc.t().contiguous(),
+            qkv=qkv_t.contiguous(),
+            qkv_bias=None if qkv_bias is None else qkv_bias.clone(),
+            o=o.t().contiguous(),
+            o_bias=None if o_bias is None else o_bias.clone(),
+            gate_up=gate_up.t().contiguous(),
+            down=down.t().contiguous(),
+        )
