@@ -1,0 +1,97 @@
+"""The drafter's fused inference forward computes EagleDrafterModel.forward, for every target architecture."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.engine.conftest import build_tiny_model
+from verl_tlt.drafter.model import EagleDrafterModel
+from verl_tlt.engine.eagle_inference import EagleInferenceForward
+from verl_tlt.engine.model import AttentionBatch
+from verl_tlt.engine.weights import load_pretrained
+
+KV_LEN = 12
+
+
+@pytest.fixture(scope="module", params=["qwen2", "qwen3", "llama"])
+def drafter(request, tmp_path_factory) -> EagleDrafterModel:
+    """A drafter for a tiny target of each architecture, every parameter moved away from its initialisation."""
+    path = tmp_path_factory.mktemp(f"eagle_inference_{request.param}")
+    build_tiny_model(request.param, path, weight_std=0.2)
+    target, _ = load_pretrained(str(path))
+    model = EagleDrafterModel.from_target(target)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.1 * torch.randn(param.shape, generator=generator))
+    return model.eval()
+
+
+def step_inputs(model: EagleDrafterModel, rows: int, width: int, seed: int = 0):
+    """Tokens, features, positions and a mask for `width` new pairs per row after different cached lengths."""
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, model.spec.vocab_size, (rows, width), generator=generator)
+    hidden = torch.randn(rows, width, model.spec.hidden_size, generator=generator)
+    starts = torch.tensor([KV_LEN - width - row for row in range(rows)])  # row 0 fills the cache to KV_LEN
+    positions = starts.unsqueeze(1) + torch.arange(width)
+    mask = (torch.arange(KV_LEN).view(1, 1, KV_LEN) <= positions.unsqueeze(-1)).unsqueeze(1)
+    return tokens, hidden, positions, mask
+
+
+def random_cache(model: EagleDrafterModel, rows: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    spec = model.spec
+    generator = torch.Generator().manual_seed(seed)
+    shape = (rows, spec.num_kv_heads, KV_LEN, spec.head_dim)
+    return torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
+
+
+def both_forwards(model: EagleDrafterModel, fused: EagleInferenceForward, rows: int, width: int, masked: bool):
+    tokens, hidden, positions, mask = step_inputs(model, rows, width)
+    if not masked:
+        mask = None
+    cos, sin = model.target.rotary_tables(positions, torch.float32, max_position=KV_LEN)
+    k_ref, v_ref = random_cache(model, rows)
+    k_new, v_new = k_ref.clone(), v_ref.clone()
+    batch = AttentionBatch(row_start=0, write_pos=positions, attn_mask=mask, cos=cos, sin=sin, kv_len=KV_LEN)
+    with torch.inference_mode():
+        expected = model(tokens, hidden, batch, k_ref, v_ref)
+        actual = fused(tokens, hidden, positions, mask, KV_LEN, cos, sin, k_new, v_new)
+    return (expected, k_ref, v_ref), (actual, k_new, v_new)
+
+
+@pytest.mark.parametrize(("rows", "width", "masked"), [(1, 1, False), (3, 1, True), (1, 5, True), (3, 4, True)])
+def test_fused_forward_equals_the_model(drafter, rows, width, masked):
+    if not masked:  # without a mask, every row must attend to the whole length: one row that fills it
+        width = 1
+    reference, fused = both_forwards(drafter, EagleInferenceForward(drafter), rows, width, masked)
+    for want, got in zip(reference, fused, strict=True):  # features, then the K and V caches it wrote
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_new_weights_are_used(drafter):
+    """Layouts are rebuilt after load_state_dict and optimizer steps (version), and after invalidate()."""
+    fused = EagleInferenceForward(drafter)
+    before = both_forwards(drafter, fused, 3, 4, True)[1][0]
+    original = {name: value.clone() for name, value in drafter.state_dict().items()}
+    try:
+        changed = {name: value + 0.05 for name, value in original.items()}
+        drafter.load_state_dict(changed)
+        reference, actual = both_forwards(drafter, fused, 3, 4, True)
+        assert not torch.allclose(actual[0], before)
+        torch.testing.assert_close(actual[0], reference[0], rtol=1e-5, atol=1e-5)
+
+        optimizer = torch.optim.SGD(drafter.parameters(), lr=0.1)
+        loss = sum((param**2).sum() for param in drafter.parameters())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        reference, actual = both_forwards(drafter, fused, 3, 4, True)
+        torch.testing.assert_close(actual[0], reference[0], rtol=1e-5, atol=1e-5)
+
+        drafter.layer.mlp.down_proj.weight.data.mul_(2.0)  # a write that bumps no version counter
+        fused.invalidate()
+        reference, actual = both_forwards(drafter, fused, 3, 4, True)
+        torch.testing.assert_close(actual[0], reference[0], rtol=1e-5, atol=1e-5)
+    finally:
+        drafter.load_state_dict(original)
