@@ -69,6 +69,24 @@ def test_fused_forward_equals_the_model(drafter, rows, width, masked):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("keep", [[4], [3, 1, 2]])
+def test_kept_positions_equal_the_full_forward(drafter, keep):
+    """`keep` computes only one position's feature per row, and still writes every position's keys and values."""
+    rows, width = len(keep), 5
+    tokens, hidden, positions, mask = step_inputs(drafter, rows, width)
+    cos, sin = drafter.target.rotary_tables(positions, torch.float32, max_position=KV_LEN)
+    fused = EagleInferenceForward(drafter)
+    k_all, v_all = random_cache(drafter, rows)
+    k_kept, v_kept = k_all.clone(), v_all.clone()
+    with torch.inference_mode():
+        every = fused(tokens, hidden, positions, mask, KV_LEN, cos, sin, k_all, v_all)
+        kept = fused(tokens, hidden, positions, mask, KV_LEN, cos, sin, k_kept, v_kept, keep)
+    assert kept.shape == (rows, 1, drafter.spec.hidden_size)
+    torch.testing.assert_close(kept[:, 0], every[torch.arange(rows), torch.tensor(keep)], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(k_kept, k_all)
+    torch.testing.assert_close(v_kept, v_all)
+
+
 def test_new_weights_are_used(drafter):
     """Layouts are rebuilt after load_state_dict and optimizer steps (version), and after invalidate()."""
     fused = EagleInferenceForward(drafter)

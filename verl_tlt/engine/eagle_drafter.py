@@ -65,11 +65,9 @@ class EagleDrafter(Drafter):
         kv_len = max(starts) + width  # [B, T] positions; padding runs past a row's end
         self.cache.ensure_capacity(len(rows), kv_len)
         mask = torch.arange(kv_len, device=self.device).view(1, 1, kv_len) <= positions.unsqueeze(-1)
-        features = self._forward(tokens, hidden, positions, positions, mask.unsqueeze(1), kv_len)
-        if len(rows) == 1:
-            root_features = features[:, -1]
-        else:
-            root_features = features[torch.arange(len(rows)), torch.tensor(counts, device=self.device) - 1]  # [B, H]
+        # Only each row's last position yields a feature that is used (the root's); the others fill the cache.
+        last = [count - 1 for count in counts]
+        root_features = self._forward(tokens, hidden, positions, positions, mask.unsqueeze(1), kv_len, last)[:, 0]
         self.synced[: len(rows)] = [s + c for s, c in zip(starts, counts, strict=True)]
         self._root = _DraftRoot(root_features, self.synced[: len(rows)], self.device)
         self._search = None
@@ -140,9 +138,10 @@ class EagleDrafter(Drafter):
             raise RuntimeError("EagleDrafter: extend_chain/expand called before begin")
         return self._root
 
-    def _forward(self, tokens, hidden, positions, write_pos, mask, kv_len: int) -> torch.Tensor:
+    def _forward(self, tokens, hidden, positions, write_pos, mask, kv_len: int, keep=None) -> torch.Tensor:
         cos, sin = self.model.target.rotary_tables(positions, self.dtype, max_position=kv_len)
-        return self.forward(tokens, hidden, write_pos, mask, kv_len, cos, sin, self.cache.k[0], self.cache.v[0])
+        k_cache, v_cache = self.cache.k[0], self.cache.v[0]
+        return self.forward(tokens, hidden, write_pos, mask, kv_len, cos, sin, k_cache, v_cache, keep)
 
 
 class _DraftRoot:

@@ -26,6 +26,18 @@ from verl_tlt.drafter.model import EagleDrafterModel
 from verl_tlt.engine.model import rotate_half
 
 
+def _kept(keep: list[int], query: torch.Tensor, x: torch.Tensor, mask: torch.Tensor | None):
+    """The kept position of each row: query [B, 1, heads, D], residual [B, H], mask [B, 1, 1, L] (or None)."""
+    if len(keep) == 1:  # batch 1: slices, no index tensors
+        position = slice(keep[0], keep[0] + 1)
+        kept_mask = None if mask is None else mask[:, :, position]
+        return query[:, position], x[:, keep[0]], kept_mask
+    rows = torch.arange(len(keep), device=query.device)
+    index = torch.tensor(keep, device=query.device)
+    kept_mask = None if mask is None else mask[rows, :, index].unsqueeze(2)
+    return query[rows, index].unsqueeze(1), x[rows, index], kept_mask
+
+
 @dataclass
 class _Layouts:
     versions: tuple[int, ...]
@@ -64,8 +76,14 @@ class EagleInferenceForward:
         sin: torch.Tensor,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
+        keep: list[int] | None = None,
     ) -> torch.Tensor:
-        """tokens [B, T] (t_{j+1}), hidden [B, T, H] (h_j); rows are cache slots 0..B-1; mask [B, 1, T, L] or None."""
+        """tokens [B, T] (t_{j+1}), hidden [B, T, H] (h_j); rows are cache slots 0..B-1; mask [B, 1, T, L] or None.
+
+        Returns features [B, T, H]; with `keep` (one position per row), only those: [B, 1, H]. Every position still
+        writes its keys and values to the cache, but attention, o_proj and the MLP run for the kept ones alone
+        (`begin` needs only each row's last feature; its other positions only fill the cache).
+        """
         w = self._current_layouts()
         model = self.model
         rows, width = tokens.shape
@@ -89,8 +107,12 @@ class EagleInferenceForward:
         slots = torch.arange(rows, device=tokens.device).unsqueeze(-1)
         k_cache[slots, :, write_pos] = qk[:, :, self.num_heads :].to(k_cache.dtype)
         v_cache[slots, :, write_pos] = v.to(v_cache.dtype)
+        query = qk[:, :, : self.num_heads]
+        if keep is not None:
+            query, x, mask = _kept(keep, query, x.view(rows, width, hidden_size), mask)
+            width = 1
         out = F.scaled_dot_product_attention(
-            qk[:, :, : self.num_heads].transpose(1, 2),
+            query.transpose(1, 2),
             k_cache[:rows, :, :kv_len],
             v_cache[:rows, :, :kv_len],
             attn_mask=mask,
