@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verl_tlt.drafter.data import DrafterDataBuffer, DrafterSample, pack, sample_from_padded_row
+from verl_tlt.drafter.data import DrafterDataBuffer, DrafterSample, pack, sample_from_padded_row, windows
 
 
 def marked_sample(tokens: list[int], prompt_len: int, step: int = 0) -> DrafterSample:
@@ -99,3 +99,23 @@ def test_buffer_state_round_trip_keeps_samples_and_cursor():
     restored.load_state_dict(buffer.state_dict())
     assert restored.times_used == buffer.times_used and restored.next_id == buffer.next_id
     assert restored.next_batch(4).sample_ids == buffer.next_batch(4).sample_ids
+
+
+def test_samples_with_non_finite_hidden_states_are_refused():
+    good = DrafterSample(torch.arange(4), torch.zeros(4, 2), torch.tensor([False, True, True, True]))
+    bad = DrafterSample(torch.arange(4), torch.tensor([[0.0, float("nan")]] * 4), torch.tensor([False, True, True, True]))
+    buffer = DrafterDataBuffer(max_tokens=100)
+    assert buffer.add([bad, good]) == 1 and buffer.num_rejected == 1 and len(buffer) == 1
+
+
+def test_windows_without_a_loss_pair_are_never_served():
+    """A prompt longer than a window fills whole windows with prompt positions: those would train on nothing."""
+    length, prompt = 30, 20
+    sample = DrafterSample(torch.arange(length), torch.randn(length, 2), torch.arange(length) >= prompt)
+    pieces = windows(sample, 8)
+    assert pieces and all(piece.num_loss_pairs > 0 for piece in pieces)
+    assert sum(piece.num_loss_pairs for piece in pieces) == sample.num_loss_pairs  # no pair lost
+    buffer = DrafterDataBuffer(max_tokens=100)
+    buffer.add([sample])
+    for _ in range(6):
+        assert bool(buffer.next_batch(8).loss_mask.any())

@@ -95,13 +95,21 @@ def test_a_diverging_run_is_rolled_back(spot, monkeypatch):
 
     def diverge(batch):
         metrics = original(batch)
-        return {**metrics, "loss": float("nan")}
+        with torch.no_grad():  # as a too-large step would: finite loss, weights blown up
+            trainer.trainer.model.fc.weight.fill_(float("inf"))
+        return metrics
 
     monkeypatch.setattr(trainer.trainer, "train_step", diverge)
     trainer.start(max_steps=2)
     trainer.stop()
     assert trainer.version == 0 and "non-finite" in trainer.status()["last_error"]
     assert all(torch.equal(good[k], v) for k, v in trainer.trainer.model.state_dict().items())
+    assert not trainer.trainer.optimizer.state  # the burst's moments are dropped with its weights
+    monkeypatch.undo()
+    trainer.start(max_steps=2)
+    trainer.stop()
+    assert trainer.version == 1 and trainer.status()["last_error"] is None  # training goes on
+    assert all(torch.isfinite(p).all() for p in trainer.trainer.model.parameters())
 
 
 def test_training_runs_with_the_callers_thread_count(spot, monkeypatch):

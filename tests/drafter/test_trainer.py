@@ -134,12 +134,95 @@ def test_failed_save_keeps_the_previous_checkpoint(target, tmp_path, monkeypatch
         raise OSError("disk full")
 
     monkeypatch.setattr(torch, "save", broken_save)
-    trainer.save_checkpoint(tmp_path / "ckpt", wait=True)
+    with pytest.raises(RuntimeError, match="disk full"):
+        trainer.save_checkpoint(tmp_path / "ckpt", wait=True)
+    trainer.save_checkpoint(tmp_path / "ckpt")  # in the background: logged when it fails, raised by the wait
+    with pytest.raises(RuntimeError, match="disk full"):
+        trainer.wait_for_save()
     monkeypatch.undo()
     restored = make_trainer(engine, samples)
     restored.load_checkpoint(tmp_path / "ckpt")
     assert restored.global_step == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no temp directories left behind
+
+
+def test_a_save_interrupted_between_its_renames_keeps_the_previous_checkpoint(target, tmp_path, monkeypatch):
+    """The old checkpoint is moved aside before the new one moves in: a failure in between puts it back, and a
+    crash in between (nothing put back) still leaves it where load_checkpoint looks."""
+    from pathlib import Path
+
+    _, engine, samples = target
+    trainer = make_trainer(engine, samples)
+    trainer.train(max_steps=1)
+    trainer.save_checkpoint(tmp_path / "ckpt", wait=True)
+    trainer.train(max_steps=1)
+    real_rename = Path.rename
+
+    def failing_rename(self, target):
+        if ".tmp-" in self.name:  # the new checkpoint's move into place
+            raise OSError("interrupted")
+        return real_rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", failing_rename)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        trainer.save_checkpoint(tmp_path / "ckpt", wait=True)
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    (tmp_path / "ckpt").rename(tmp_path / "ckpt.old")  # as a crash between the two renames leaves it
+    restored = make_trainer(engine, samples)
+    restored.load_checkpoint(tmp_path / "ckpt")
+    assert restored.global_step == 1
+
+
+def test_a_failed_load_leaves_the_trainer_as_it_was(target, tmp_path):
+    _, engine, samples = target
+    trainer = make_trainer(engine, samples)
+    trainer.train(max_steps=1)
+    state = trainer.state_dict(include_samples=False)
+    state["model"]["fc.weight"] = torch.zeros(3, 3)  # another drafter's shape: the strict load fails part-way
+    torch.save(state, tmp_path / "drafter_trainer.pt")
+    before = {name: value.clone() for name, value in trainer.model.state_dict().items()}
+    with pytest.raises(ValueError, match="Cannot load drafter trainer checkpoint"):
+        trainer.load_checkpoint(tmp_path)
+    assert all(torch.equal(before[name], value) for name, value in trainer.model.state_dict().items())
+    assert trainer.global_step == 1
+
+
+def test_a_non_finite_batch_takes_no_optimizer_step(target):
+    """A batch with a NaN loss is skipped: one AdamW step on NaN gradients would poison its moments for good."""
+    _, engine, samples = target
+    bad = samples[0]
+    poisoned = DrafterSample(bad.token_ids, torch.full_like(bad.hidden_states, float("nan")), bad.response_mask)
+    trainer = make_trainer(engine, samples)
+    trainer.train(max_steps=1)
+    before = {name: value.clone() for name, value in trainer.model.state_dict().items()}
+    metrics = trainer.train_step(pack([poisoned]))
+    assert metrics["skipped"] == 1.0 and trainer.global_step == 1
+    assert all(torch.equal(before[name], value) for name, value in trainer.model.state_dict().items())
+    report = trainer.train(max_steps=3)
+    assert report.steps == 3 and report.skipped_steps == 0
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
+def test_evaluation_windows_long_samples_like_training(target, monkeypatch):
+    """A packed batch's attention is quadratic in its length: evaluation must respect the batch budget too."""
+    import verl_tlt.drafter.data as data
+    from verl_tlt.drafter.trainer import evaluate_drafter
+
+    _, engine, samples = target
+    sizes = []
+    real_pack = data.pack
+
+    def recording_pack(pieces, *args):
+        batch = real_pack(pieces, *args)
+        sizes.append(batch.num_pairs)
+        return batch
+
+    monkeypatch.setattr(data, "pack", recording_pack)
+    model = EagleDrafterModel.from_target(engine.model)
+    metrics = evaluate_drafter(model, samples[:2], max_tokens_per_batch=16)
+    assert sizes and max(sizes) < 16
+    assert metrics["num_pairs"] == sum(s.num_loss_pairs for s in samples[:2])
 
 
 def test_corrupt_checkpoint_is_a_clear_error(target, tmp_path):

@@ -151,6 +151,7 @@ class DrafterDataBuffer:
         self.next_id = 0
         self.num_tokens = 0
         self.num_evicted = 0
+        self.num_rejected = 0  # samples refused for non-finite hidden states
         # Capture adds samples while a spot trainer may be drawing batches in another thread.
         self._lock = threading.RLock()
 
@@ -158,7 +159,8 @@ class DrafterDataBuffer:
         return len(self.samples)
 
     def add(self, samples: Iterable[DrafterSample]) -> int:
-        """Add samples (skipping ones without any loss pair); evict the oldest to stay in budget. Returns added."""
+        """Add samples (skipping ones without any loss pair or with non-finite hidden states); evict the oldest to
+        stay in budget. Returns how many were added."""
         with self._lock:
             return self._add(samples)
 
@@ -166,6 +168,10 @@ class DrafterDataBuffer:
         added = 0
         for sample in samples:
             if sample.num_tokens < 2 or sample.num_loss_pairs == 0:
+                continue
+            if not bool(torch.isfinite(sample.hidden_states).all()):
+                # Packed with others, one inf/NaN hidden state would make every batch it lands in untrainable.
+                self.num_rejected += 1
                 continue
             self.samples[self.next_id] = sample
             self.times_used[self.next_id] = 0
@@ -229,13 +235,29 @@ class DrafterDataBuffer:
         self.next_id, self.num_evicted = state["next_id"], state["num_evicted"]
 
 
+def windows(sample: DrafterSample, max_tokens: int) -> list[DrafterSample]:
+    """`sample` cut into windows of at most max_tokens tokens that overlap by one token (so no pair is lost), keeping
+    only windows with at least one loss pair (a long prompt can fill a whole window); [sample] if it fits."""
+    if sample.num_tokens <= max_tokens:
+        return [sample]
+    pieces = []
+    for start in range(0, sample.num_tokens - 1, max_tokens - 1):
+        end = min(start + max_tokens, sample.num_tokens)
+        if bool(sample.response_mask[start + 1 : end].any()):
+            pieces.append(
+                DrafterSample(
+                    sample.token_ids[start:end],
+                    sample.hidden_states[start:end],
+                    sample.response_mask[start:end],
+                    sample.step,
+                )
+            )
+    return pieces
+
+
 def _window(sample: DrafterSample, max_tokens: int, times_used: int) -> DrafterSample:
     """A sample that fits the batch: itself, or one window of it (successive uses walk through the windows)."""
     if sample.num_tokens <= max_tokens:
         return sample
-    starts = list(range(0, sample.num_tokens - 1, max_tokens - 1))  # windows overlap by one token: no pair lost
-    start = starts[times_used % len(starts)]
-    end = min(start + max_tokens, sample.num_tokens)
-    return DrafterSample(
-        sample.token_ids[start:end], sample.hidden_states[start:end], sample.response_mask[start:end], sample.step
-    )
+    pieces = windows(sample, max_tokens)  # never empty: the buffer only holds samples with a loss pair
+    return pieces[times_used % len(pieces)]

@@ -120,12 +120,14 @@ class SpotTrainer:
     def _finish(self) -> TrainReport | None:
         report = self._result.get("report")
         error = self._result.get("error")
-        if report is not None and not _finite(report.last_metrics.get("loss", 0.0)):
-            error = f"non-finite drafter loss {report.last_metrics.get('loss')}"
+        if error is None and report is not None and not self._weights_finite():
+            error = f"non-finite drafter weights (last loss {report.last_metrics.get('loss')})"
             logger.error("Drafter spot training diverged (%s); keeping drafter version %d", error, self.version)
         if error is not None:
             self.last_error = error
             self.trainer.model.load_state_dict(self._good_state)
+            # The optimizer's moments come from the failed burst too (possibly NaN): start them afresh.
+            self.trainer.optimizer.state.clear()
             return report
         self.last_report = report
         if report is not None and report.steps > 0:
@@ -137,6 +139,9 @@ class SpotTrainer:
                 # Samples stay out: every drafter worker holds the same buffer, and it refills from each step.
                 self.trainer.save_checkpoint(self.checkpoint_dir / "latest", include_samples=False)
         return report
+
+    def _weights_finite(self) -> bool:
+        return all(bool(torch.isfinite(p).all()) for p in self.trainer.model.parameters())
 
     def _snapshot(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().to("cpu", copy=True) for k, v in self.trainer.model.state_dict().items()}

@@ -67,11 +67,12 @@ class DrafterTrainConfig:
 class TrainReport:
     """What one `train` call did and why it returned."""
 
-    steps: int = 0
+    steps: int = 0  # optimizer steps taken
     tokens: int = 0
     seconds: float = 0.0
     stopped_by: str = "max_steps"  # max_steps | stop | deadline | no_data
-    last_metrics: dict[str, float] = field(default_factory=dict)
+    last_metrics: dict[str, float] = field(default_factory=dict)  # of the last step taken
+    skipped_steps: int = 0  # batches whose loss or gradient was not finite: no optimizer step (see train_step)
 
 
 class DrafterTrainer:
@@ -86,6 +87,7 @@ class DrafterTrainer:
         self.generator = torch.Generator(device="cpu").manual_seed(self.config.seed)
         self.global_step = 0
         self._save_thread: threading.Thread | None = None
+        self._save_error: BaseException | None = None  # set by a failed background save, raised by wait_for_save
 
     # ----- training ------------------------------------------------------------------------------------------
 
@@ -107,21 +109,36 @@ class DrafterTrainer:
             if deadline is not None and time.monotonic() >= deadline:
                 report.stopped_by = "deadline"
                 break
-            if max_steps is not None and report.steps >= max_steps:
+            if max_steps is not None and report.steps + report.skipped_steps >= max_steps:
                 report.stopped_by = "max_steps"
                 break
             batch = self.buffer.next_batch(self.config.max_tokens_per_batch)
             if batch is None:
                 report.stopped_by = "no_data"
                 break
-            report.last_metrics = self.train_step(batch)
+            metrics = self.train_step(batch)
+            if metrics.get("skipped"):
+                report.skipped_steps += 1
+                continue
+            report.last_metrics = metrics
             report.steps += 1
             report.tokens += batch.num_pairs
         report.seconds = time.monotonic() - start
+        if report.skipped_steps:
+            logger.warning(
+                "Drafter training skipped %d of %d batches (non-finite loss or gradient)",
+                report.skipped_steps,
+                report.steps + report.skipped_steps,
+            )
         return report
 
     def train_step(self, batch: PackedBatch) -> dict[str, float]:
-        """One optimizer step on a packed batch; returns its metrics."""
+        """One optimizer step on a packed batch; returns its metrics.
+
+        A batch whose loss or gradient is not finite (e.g. a captured sample with inf/NaN hidden states) takes no
+        step and returns {"skipped": 1.0, "loss": ...}: one AdamW step on NaN gradients would put NaN into its
+        moments, and every later step would then turn the weights into NaN however good its data.
+        """
         self.model.train()
         batch = batch.to(self.device, self.dtype)
         input_hidden = batch.input_hidden
@@ -135,8 +152,15 @@ class DrafterTrainer:
             + self.config.logit_loss_weight * losses["logit_loss"]
         )
         self.optimizer.zero_grad(set_to_none=True)
+        if not bool(torch.isfinite(loss)) or not bool(batch.loss_mask.any()):
+            self.model.eval()
+            return {"skipped": 1.0, "loss": float(loss.detach())}
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        if not bool(torch.isfinite(grad_norm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.model.eval()
+            return {"skipped": 1.0, "loss": float(loss.detach()), "grad_norm": float(grad_norm)}
         self.optimizer.step()
         self.global_step += 1
         self.model.eval()
@@ -178,27 +202,53 @@ class DrafterTrainer:
         self.buffer.load_state_dict(state["buffer"])
 
     def save_checkpoint(self, directory: str | os.PathLike, *, include_samples: bool = True, wait: bool = False):
-        """Copy the state to CPU now, write it in the background (atomically). Returns the thread."""
-        self.wait_for_save()
+        """Copy the state to CPU now, write it in the background (atomically). Returns the thread.
+
+        With wait=True a failed write raises here. A background save that fails is logged when it fails; the next
+        `wait_for_save()` raises it, while the next `save_checkpoint` (which supersedes it) only waits for it.
+        """
+        self._join_save()
+        self._save_error = None
         state = self.state_dict(include_samples=include_samples)
-        self._save_thread = threading.Thread(target=_write_atomically, args=(state, Path(directory)), daemon=True)
+        self._save_thread = threading.Thread(target=self._save_in_background, args=(state, Path(directory)), daemon=True)
         self._save_thread.start()
         if wait:
             self.wait_for_save()
         return self._save_thread
 
     def wait_for_save(self) -> None:
+        """Wait for the background save; raise RuntimeError if it failed (the previous checkpoint is then kept)."""
+        self._join_save()
+        error, self._save_error = self._save_error, None
+        if error is not None:
+            raise RuntimeError(f"Saving the drafter checkpoint failed: {error}") from error
+
+    def _join_save(self) -> None:
         if self._save_thread is not None:
             self._save_thread.join()
             self._save_thread = None
 
+    def _save_in_background(self, state: dict, directory: Path) -> None:
+        try:
+            _write_atomically(state, directory)
+        except Exception as error:
+            logger.exception("Saving the drafter checkpoint to %s failed; the previous checkpoint is kept", directory)
+            self._save_error = error
+
     def load_checkpoint(self, directory: str | os.PathLike) -> None:
+        """Continue from a checkpoint directory (or from the previous one that an interrupted save left aside)."""
         path = Path(directory) / CHECKPOINT_FILE
         if not path.exists():
-            raise FileNotFoundError(f"No drafter trainer checkpoint at {path}")
+            kept = _previous_checkpoint(Path(directory)) / CHECKPOINT_FILE
+            if not kept.exists():
+                raise FileNotFoundError(f"No drafter trainer checkpoint at {path}")
+            logger.warning("No drafter checkpoint at %s; continuing from the previous one, %s", path, kept)
+            path = kept
+        backup = self.state_dict(include_samples=False)
         try:
             self.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
         except Exception as error:  # corrupt file or a drafter of another shape
+            self.load_state_dict(backup)  # a half-applied state (strict loads copy what fits) is undone
             raise ValueError(f"Cannot load drafter trainer checkpoint {path}: {error}") from error
 
 
@@ -242,7 +292,7 @@ def evaluate_drafter(
     a matching argmax at temperature 0 too, so it is the sharper of the two at T=1). est_acceptance_length: a
     depth-`depth` chain's tokens per verify step if every draft token survived with accept_prob.
     """
-    from verl_tlt.drafter.data import pack
+    from verl_tlt.drafter.data import pack, windows
 
     was_training = model.training
     model.eval()
@@ -250,7 +300,8 @@ def evaluate_drafter(
     pairs = agree = accept = 0.0
     chunk: list = []
     chunks: list[list] = []
-    for sample in samples:
+    # Long samples in windows, as in training: a packed batch's attention is quadratic in its length.
+    for sample in (piece for whole in samples for piece in windows(whole, max_tokens_per_batch)):
         if chunk and sum(s.num_tokens for s in chunk) + sample.num_tokens > max_tokens_per_batch:
             chunks.append(chunk)
             chunk = []
@@ -298,19 +349,30 @@ def _to_cpu(value):
     return value
 
 
+def _previous_checkpoint(directory: Path) -> Path:
+    """Where `_write_atomically` keeps the previous checkpoint while it swaps the new one in."""
+    return directory.with_name(directory.name + ".old")
+
+
 def _write_atomically(state: dict, directory: Path) -> None:
-    """Write into a sibling temp dir, then swap it in, so readers see the old or the new checkpoint, never half."""
+    """Write into a sibling temp dir, then swap it in, so readers see the old or the new checkpoint, never half.
+
+    If the swap fails halfway (or the process dies between its two renames), the previous checkpoint is at
+    `<directory>.old`: put back here on failure, and found by `load_checkpoint` after a crash.
+    """
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = directory.with_name(directory.name + f".tmp-{os.getpid()}-{threading.get_ident()}")
+    old = _previous_checkpoint(directory)
     try:
         tmp.mkdir(parents=True, exist_ok=True)
         torch.save(state, tmp / CHECKPOINT_FILE)
-        old = directory.with_name(directory.name + ".old")
         if directory.exists():
             shutil.rmtree(old, ignore_errors=True)
             directory.rename(old)
         tmp.rename(directory)
-        shutil.rmtree(old, ignore_errors=True)
-    except Exception:
-        logger.exception("Saving the drafter checkpoint to %s failed; the previous checkpoint is kept", directory)
+    except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if old.exists() and not directory.exists():
+            old.rename(directory)
+        raise
+    shutil.rmtree(old, ignore_errors=True)

@@ -73,6 +73,9 @@ def warmup_drafter(
         raise ValueError("warmup_drafter needs at least one prompt")
     torch.manual_seed(seed)
     engine = RolloutEngine.from_pretrained(target_path, max_num_seqs=64, seed=seed)
+    # The drafter shares the target's embedding and LM head and never trains them: without this, every step would
+    # compute (and keep) vocab x hidden gradients for both.
+    engine.model.requires_grad_(False)
     temperatures = [temperature] if isinstance(temperature, (int, float)) else list(temperature)
     start = time.monotonic()
     samples = []

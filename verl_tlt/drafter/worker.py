@@ -152,12 +152,27 @@ class DrafterWorker:
         """Start an asynchronous, atomic checkpoint of the training state (buffer samples excluded)."""
         self.spot.trainer.save_checkpoint(Path(directory), include_samples=False)
 
-    def wait_for_save(self) -> None:
-        self.spot.trainer.wait_for_save()
+    def wait_for_save(self) -> bool:
+        """Finish the checkpoint `save` started; False if it failed (logged; the previous checkpoint is kept)."""
+        try:
+            self.spot.trainer.wait_for_save()
+        except RuntimeError:
+            logger.exception("Drafter checkpoint failed; the worker keeps training from its state in memory")
+            return False
+        return True
 
     def load(self, directory: str, version: int, total_steps: int) -> None:
         self.spot.trainer.load_checkpoint(directory)
         self.spot.adopt(version, total_steps)
+
+    def try_load(self, directory: str, version: int, total_steps: int) -> bool:
+        """`load`, but a missing, corrupt or incompatible checkpoint is logged and leaves the worker as it was."""
+        try:
+            self.load(directory, version, total_steps)
+        except (OSError, ValueError):
+            logger.exception("Cannot resume the drafter from %s; this worker keeps its current drafter", directory)
+            return False
+        return True
 
     def ping(self) -> int:
         return self.rank

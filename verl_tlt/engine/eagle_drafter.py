@@ -52,18 +52,25 @@ class EagleDrafter(Drafter):
             if row.hidden_states is None or row.hidden_states.shape[0] != counts[b]:
                 raise ValueError(f"EagleDrafter needs {counts[b]} target hidden states for row {b}")
         width = max(counts)
+        ends = [start + count for start, count in zip(starts, counts, strict=True)]  # pairs per row after this
         if len(rows) == 1:  # the long tail's common case: no padding to build
             tokens = torch.tensor([rows[0].token_ids[starts[0] + 1 :]], device=self.device)
             hidden = rows[0].hidden_states.unsqueeze(0)
+            positions = starts[0] + torch.arange(width, device=self.device).unsqueeze(0)
         else:
             tokens = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)
             hidden = torch.zeros(len(rows), width, self.model.spec.hidden_size, dtype=self.dtype, device=self.device)
             for b, row in enumerate(rows):
                 tokens[b, : counts[b]] = torch.tensor(row.token_ids[starts[b] + 1 :], device=self.device)
                 hidden[b, : counts[b]] = row.hidden_states
-        positions = torch.tensor(starts, device=self.device).unsqueeze(1) + torch.arange(width, device=self.device)
-        kv_len = max(starts) + width  # [B, T] positions; padding runs past a row's end
-        self.cache.ensure_capacity(len(rows), kv_len)
+            # A shorter row's padding goes to the column just past its pairs (the next draft node overwrites it),
+            # so no row reaches beyond its own length: rows that just joined with long prompts sit beside rows
+            # near max_model_len.
+            offsets = torch.arange(width, device=self.device).unsqueeze(0)
+            positions = torch.tensor(starts, device=self.device).unsqueeze(1) + offsets
+            positions = torch.minimum(positions, torch.tensor(ends, device=self.device).unsqueeze(1))  # [B, T]
+        kv_len = max(ends) + (1 if min(counts) < width else 0)
+        self._reserve(len(rows), kv_len)
         mask = torch.arange(kv_len, device=self.device).view(1, 1, kv_len) <= positions.unsqueeze(-1)
         # Only each row's last position yields a feature that is used (the root's); the others fill the cache.
         last = [count - 1 for count in counts]
@@ -89,7 +96,7 @@ class EagleDrafter(Drafter):
         rows = tokens.shape[0]
         parent = root.features if depth == 1 else root.chain_features
         kv_len = root.max_committed + depth
-        self.cache.ensure_capacity(rows, kv_len)
+        self._reserve(rows, kv_len)
         positions = (root.committed + (depth - 1)).unsqueeze(1)  # [B, 1]
         mask = None
         if not root.uniform:
@@ -108,7 +115,7 @@ class EagleDrafter(Drafter):
         search = self._search
         parent_features, positions, write_pos, ancestors = search.add_nodes(node_ids, parent_ids)
         kv_len = int(write_pos.max()) + 1
-        self.cache.ensure_capacity(node_ids.shape[0], kv_len)
+        self._reserve(node_ids.shape[0], kv_len)
         cols = torch.arange(kv_len, device=self.device).view(1, 1, kv_len)
         mask = (cols < search.committed.view(-1, 1, 1)).expand(-1, node_ids.shape[1], -1).clone()  # committed pairs
         scratch = (search.committed.view(-1, 1, 1) + torch.arange(ancestors.shape[-1], device=self.device)).expand_as(
@@ -132,6 +139,14 @@ class EagleDrafter(Drafter):
     def _ensure_slots(self, count: int) -> None:
         if len(self.synced) < count:
             self.synced.extend([0] * (count - len(self.synced)))
+
+    def _reserve(self, rows: int, kv_len: int) -> None:
+        """Cache room for `rows` slots of kv_len pairs. The length cap is the engine's cache length, but a wide tree
+        search can expand more nodes ((depth - 1) * top_k scratch columns) than the engine reserves for verifying
+        (max_draft_tokens + 1): this cache is the drafter's own, so the cap moves instead of the draft failing."""
+        if kv_len > self.cache.max_len:
+            self.cache.max_len = kv_len
+        self.cache.ensure_capacity(rows, kv_len)
 
     def _started(self) -> _DraftRoot:
         if self._root is None:

@@ -58,6 +58,19 @@ class FakeWorker:
     def update_target_weights(self, named):
         return len(named)
 
+    def save(self, directory):
+        self.calls.append("save")
+        self.saving = directory
+
+    def wait_for_save(self):
+        return "unwritable" not in self.saving  # as DrafterWorker: False when the checkpoint failed
+
+    def try_load(self, directory, version, total_steps):
+        if "corrupt" in directory:  # as DrafterWorker: the failure is logged, the worker keeps its drafter
+            return False
+        self.version = version
+        return True
+
     def get_calls(self):
         return list(self.calls)
 
@@ -141,3 +154,17 @@ def test_losing_every_worker_leaves_the_pool_unavailable_not_raising(workers):
     assert pool.settle() is None
     assert not pool.available and pool.failures == 3
     assert pool.start([0, 1, 2]) is None and pool.stop() is None and pool.latest_weights() is None
+
+
+def test_a_failed_checkpoint_is_reported_and_costs_no_worker(workers):
+    pool = DrafterPool(workers)
+    assert pool.save("/ckpt/unwritable") and pool.wait_for_save() is False
+    assert pool.save("/ckpt/step_2") and pool.wait_for_save() is True
+    assert pool.alive == [True, True, True] and pool.failures == 0
+
+
+def test_an_unreadable_checkpoint_keeps_every_worker_and_its_drafter(workers):
+    pool = DrafterPool(workers)
+    assert pool.load("/ckpt/corrupt", 7, 100) is False
+    assert pool.alive == [True, True, True] and pool.status()["version"] == 0
+    assert pool.load("/ckpt/step_2", 7, 100) is True and pool.status()["version"] == 7

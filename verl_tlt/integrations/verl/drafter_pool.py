@@ -138,16 +138,24 @@ class DrafterPool:
             self._saving = self.owner
             return self._get(self.owner, self.workers[self.owner].save.remote(directory), ok=True)
 
-    def wait_for_save(self) -> None:
+    def wait_for_save(self) -> bool:
+        """Finish the checkpoint `save` started; True only if it was written."""
         with self._lock:
             rank, self._saving = self._saving, None
-            if rank is not None and self.alive[rank]:
-                self._get(rank, self.workers[rank].wait_for_save.remote(), ok=True)
+            if rank is None or not self.alive[rank]:
+                return False
+            return bool(self._get(rank, self.workers[rank].wait_for_save.remote()))
 
-    def load(self, directory: str, version: int, total_steps: int) -> None:
-        """Every worker resumes from the checkpoint (so whichever trains next continues it)."""
+    def load(self, directory: str, version: int, total_steps: int) -> bool:
+        """Every worker resumes from the checkpoint; True if the owner did (training continues from the owner's
+        state: a worker that trains next receives it first).
+
+        A checkpoint a worker cannot read leaves that worker with its drafter (the initial one, at resume) and alive.
+        """
         with self._lock:
-            self._call_all("load", directory, version, total_steps)
+            calls = {rank: worker.try_load.remote(directory, version, total_steps) for rank, worker in self._live()}
+            loaded = {rank: self._get(rank, call) for rank, call in calls.items()}
+            return bool(loaded.get(self.owner))
 
     # ----- internals -------------------------------------------------------------------------------------------
 

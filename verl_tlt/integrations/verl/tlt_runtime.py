@@ -52,6 +52,7 @@ class TLTRuntime:
         self.pool: DrafterPool | None = None
         self.coordinator: SpotCoordinator | None = None
         self.pushed_version: int | None = None
+        self._pending_save: tuple[Path, dict] | None = None  # (drafter folder, meta) of a checkpoint being written
         self.resume_dir: Path | None = None
         self._drain_calls: list[Any] = []
 
@@ -226,17 +227,25 @@ class TLTRuntime:
     # ----- checkpoints -----------------------------------------------------------------------------------------
 
     def save(self, step_folder: str) -> None:
+        """Start saving the drafter with verl's step folder; `wait_for_save` completes it."""
         folder = Path(step_folder) / CHECKPOINT_DIR
         status = self.pool.status()
         if status is None or not self.pool.save(str(folder / "trainer")):
             logger.warning("TLT: no live drafter worker, the drafter is not saved with step folder %s", step_folder)
             return
-        folder.mkdir(parents=True, exist_ok=True)
-        meta = {"version": status["version"], "total_steps": status["total_steps"]}
-        (folder / META_FILE).write_text(json.dumps(meta))
+        self._pending_save = (folder, {"version": status["version"], "total_steps": status["total_steps"]})
 
     def wait_for_save(self) -> None:
-        self.pool.wait_for_save()
+        """Wait for the drafter's checkpoint; only a complete one gets the meta file that `_restore` looks for."""
+        pending, self._pending_save = self._pending_save, None
+        saved = self.pool.wait_for_save()
+        if pending is None:
+            return
+        folder, meta = pending
+        if not saved:
+            logger.warning("TLT: the drafter checkpoint in %s failed; resuming from this step restarts the drafter", folder)
+            return
+        (folder / META_FILE).write_text(json.dumps(meta))
 
     def _restore(self, step_folder: Path) -> None:
         folder = step_folder / CHECKPOINT_DIR
@@ -251,7 +260,14 @@ class TLTRuntime:
             )
             return
         meta = json.loads(meta_path.read_text())
-        self.pool.load(str(folder / "trainer"), meta["version"], meta["total_steps"])
+        if not self.pool.load(str(folder / "trainer"), meta["version"], meta["total_steps"]):
+            logger.warning(
+                "TLT: the drafter checkpoint in %s could not be restored (see the drafter workers' errors); the "
+                "drafter restarts from tlt.drafter.init=%s",
+                folder,
+                self.tlt.drafter.init,
+            )
+            return
         logger.info("TLT: drafter version %d restored from %s", meta["version"], folder)
 
 
