@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 import types
@@ -25,6 +26,8 @@ ROOT_KEY = "tlt"
 
 
 _STRATEGY_PATTERN = re.compile(r"[1-9]\d*_[1-9]\d*_[1-9]\d*")
+# The coordinator must notice drained replicas within a rollout: polling less often than this would miss the tail.
+MAX_POLL_INTERVAL_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,13 @@ class SpeculativeConfig:
                 f'{list(self.strategies)} (bad: {bad}); e.g. {path}.strategies=\'["8_4_16","4_1_4"]\' (quoted: '
                 "Hydra reads an unquoted 4_1_4 as the integer 414)"
             )
+        from verl_tlt.spec.strategy import SpecStrategy  # pure dataclass, no torch: keeps this module light
+
+        for name in self.strategies:  # well-formed, but a shape the tree search cannot make (e.g. 4_1_8)
+            try:
+                SpecStrategy.parse(name)
+            except ValueError as error:
+                raise ValueError(f"{path}.strategies: {name!r} is not a usable strategy: {error}") from error
 
 
 @dataclass(frozen=True)
@@ -158,13 +168,18 @@ class DrafterConfig:
 
     def __post_init__(self) -> None:
         path = f"{ROOT_KEY}.drafter"
-        for key in ("max_tokens_per_batch", "buffer_tokens", "capture_tokens", "sync_every", "min_idle_replicas"):
+        for key in ("buffer_tokens", "capture_tokens", "sync_every", "min_idle_replicas"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{path}.{key} must be >= 1, got {getattr(self, key)}")
-        if not self.lr > 0:
-            raise ValueError(f"{path}.lr must be > 0, got {self.lr}; e.g. {path}.lr=3e-4")
-        if not self.poll_interval_s > 0:
-            raise ValueError(f"{path}.poll_interval_s must be > 0, got {self.poll_interval_s}")
+        if self.max_tokens_per_batch < 2:  # a training pair spans two tokens
+            raise ValueError(f"{path}.max_tokens_per_batch must be >= 2, got {self.max_tokens_per_batch}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"{path}.lr must be finite and > 0, got {self.lr}; e.g. {path}.lr=3e-4")
+        if not 0 < self.poll_interval_s <= MAX_POLL_INTERVAL_S:
+            raise ValueError(
+                f"{path}.poll_interval_s must be in (0, {MAX_POLL_INTERVAL_S}] seconds, got {self.poll_interval_s}; "
+                f"e.g. {path}.poll_interval_s=0.02"
+            )
         if not self.init:
             raise ValueError(f"{path}.init must be 'target' or a drafter directory, got an empty string")
 

@@ -37,3 +37,17 @@ def test_bad_state_and_in_flight_updates_are_refused(varied_qwen2):
     state = EagleDrafterModel.from_target(engine.model).state_dict()
     with pytest.raises(RuntimeError, match="in flight"):
         sync.update(state, version=1)
+
+
+def test_a_failed_update_leaves_the_running_drafter_untouched(varied_qwen2):
+    engine = RolloutEngine.from_pretrained(str(varied_qwen2[0]))
+    sync = DrafterSync(engine)
+    state = EagleDrafterModel.from_target(engine.model).state_dict()
+    sync.update(state, version=1)
+    running = {k: v.clone() for k, v in engine.drafter.model.state_dict().items()}
+    broken = {k: v + 1.0 for k, v in state.items()}
+    broken["fc.weight"] = torch.zeros(2, 2)  # does not fit: the other tensors would have been copied before the error
+    with pytest.raises(ValueError, match="does not fit"):
+        sync.update(broken, version=2)
+    assert sync.version == 1
+    assert all(torch.equal(running[k], v) for k, v in engine.drafter.model.state_dict().items())

@@ -144,3 +144,50 @@ def test_chain_extension_refuses_nodes_out_of_order(engine):
     drafter.expand(torch.tensor([[1]]), torch.tensor([[0]]), torch.tensor([[6]]))
     with pytest.raises(RuntimeError, match="after tree expansions"):
         drafter.extend_chain(1, torch.tensor([5]))
+
+
+def eagle_engine(varied_qwen2, **kwargs) -> RolloutEngine:
+    engine = RolloutEngine.from_pretrained(str(varied_qwen2[0]), **kwargs)
+    engine.set_drafter(EagleDrafter(EagleDrafterModel.from_target(engine.model), max_len=engine.cache.max_len))
+    return engine
+
+
+def test_a_long_prompt_joining_a_row_near_max_model_len_keeps_speculation_on(varied_qwen2):
+    """begin pads shorter rows; the padding must stay within each row's own length, or a row near max_model_len
+    beside a long new prompt overflows the drafter's cache, and the drafter is switched off."""
+    kwargs = {"max_num_seqs": 2, "max_model_len": 64, "max_draft_tokens": 4}
+    engine = eagle_engine(varied_qwen2, **kwargs)
+    long_row = SamplingParams(temperature=0, max_tokens=57, ignore_eos=True)
+    joiner = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    first = engine.add_request(list(range(5, 12)), long_row)
+    outputs = {}
+    while not engine.running or len(engine.running[0].output_ids) < 45:
+        outputs.update({o.request_id: o for o in engine.step("4_1_4")})
+    second = engine.add_request(list(range(10, 50)), joiner)
+    while engine.has_unfinished():
+        outputs.update({o.request_id: o for o in engine.step("4_1_4")})
+    assert engine.drafter_error is None
+    plain = RolloutEngine.from_pretrained(str(varied_qwen2[0]), **kwargs)
+    reference = plain.generate([list(range(5, 12)), list(range(10, 50))], [long_row, joiner])
+    assert [outputs[first].token_ids, outputs[second].token_ids] == [o.token_ids for o in reference]
+
+
+def test_a_wide_tree_search_at_the_end_of_the_context_keeps_speculation_on(varied_qwen2):
+    """8_4_16 expands (8 - 1) * 4 = 28 nodes into the drafter's scratch, more than the 16 + 1 columns the engine
+    reserves past max_model_len for verification."""
+    kwargs = {"max_num_seqs": 1, "max_model_len": 40, "max_draft_tokens": 16}
+    engine = eagle_engine(varied_qwen2, **kwargs)
+    params = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
+    (output,) = engine.generate([[5, 6, 7]], params, strategy="8_4_16")
+    assert engine.drafter_error is None and output.finish_reason == "length"
+    (plain,) = RolloutEngine.from_pretrained(str(varied_qwen2[0]), **kwargs).generate([[5, 6, 7]], params)
+    assert output.token_ids == plain.token_ids
+
+
+def test_release_cache_frees_the_drafters_cache_too(engine):
+    engine.generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=6), strategy="4_1_4")
+    assert engine.drafter.cache.k
+    engine.release_cache()
+    assert not engine.drafter.cache.k
+    engine.generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=6), strategy="4_1_4")  # and works after
+    assert engine.drafter_error is None

@@ -102,6 +102,30 @@ def test_abort_returns_partial_output(engine):
     assert not engine.has_unfinished()
 
 
+@pytest.mark.parametrize("tokens_left", [1, 30])
+def test_an_aborted_request_gets_no_further_token(engine, tokens_left):
+    """Abort takes effect at the next step: the row waits for retirement without growing, as in a speculative step,
+    so its finish reason stays 'abort' even when one more token would have reached max_tokens."""
+    params = SamplingParams(temperature=0, max_tokens=3 + tokens_left, ignore_eos=True)
+    request_id = engine.add_request(PROMPTS[0], params)
+    engine.add_request(PROMPTS[1], SamplingParams(temperature=0, max_tokens=50, ignore_eos=True))  # runs on beside it
+    for _ in range(3):  # prefill (the first token), then two more
+        engine.step()
+    emitted = len(next(r for r in engine.running if r.request_id == request_id).output_ids)
+    engine.abort(request_id)
+    (output,) = engine.step()
+    assert output.request_id == request_id and output.finish_reason == "abort"
+    assert len(output.token_ids) == emitted
+
+
+def test_a_bad_prompt_queues_none_of_the_batch(engine):
+    with pytest.raises(ValueError, match="vocabulary"):
+        engine.generate([PROMPTS[0], [5, 10_000]], SamplingParams(max_tokens=4))
+    assert not engine.has_unfinished()  # the good prompt before it was not left queued either
+    with pytest.raises(ValueError, match=r"outside the model's vocabulary"):
+        engine.add_request([-1, 5], SamplingParams())
+
+
 def test_load_weights_changes_outputs_and_rejects_unknown_names(engine):
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     before = solo(engine, PROMPTS[0], params).token_ids

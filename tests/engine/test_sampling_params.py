@@ -22,6 +22,8 @@ def test_unknown_sampling_keys_are_named_in_the_error():
     "kwargs, text",
     [
         ({"temperature": -1}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"temperature": float("inf")}, "temperature"),
         ({"top_p": 0}, "top_p"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"repetition_penalty": 1.1}, "repetition_penalty=1.0"),

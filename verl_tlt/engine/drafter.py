@@ -64,3 +64,6 @@ class Drafter(ABC):
 
     def reset(self) -> None:  # noqa: B027 - optional hook
         """Forget every row (the engine dropped all requests)."""
+
+    def release_cache(self) -> None:  # noqa: B027 - optional hook
+        """Free per-row memory (the engine released its KV cache, e.g. while the rollout sleeps); no rows are running."""

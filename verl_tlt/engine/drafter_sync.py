@@ -31,7 +31,9 @@ class DrafterSync:
             return False
         if self.engine.has_unfinished():
             raise RuntimeError(f"Cannot load drafter version {version} while requests are in flight")
-        model = self.model or EagleDrafterModel.from_target(self.engine.model)
+        # A fresh model each time: a strict load that fails has already copied every tensor that fit, and the
+        # drafter the engine runs must stay the last good version.
+        model = EagleDrafterModel.from_target(self.engine.model)
         try:
             model.load_state_dict(state, strict=True)
         except RuntimeError as error:

@@ -136,6 +136,10 @@ class EagleDrafter(Drafter):
         self._root = None
         self._search = None
 
+    def release_cache(self) -> None:
+        self.reset()
+        self.cache.release()
+
     def _ensure_slots(self, count: int) -> None:
         if len(self.synced) < count:
             self.synced.extend([0] * (count - len(self.synced)))

@@ -107,7 +107,7 @@ class RolloutEngine:
         self.drafter_error: str | None = None  # set when the drafter failed; speculation stays off until reset
         self.set_drafter(drafter)
         # Chooses plain or SD per decode step when generate/step get no explicit strategy (needs a drafter).
-        self.policy = policy
+        self.policy = policy  # validated by the setter below
         self.stats = DecodeStats()
         self._params_cache: tuple[tuple[int, ...], LogitsParams, list[Request]] | None = None
 
@@ -147,16 +147,22 @@ class RolloutEngine:
             self.drafter.reset()
         self.drafter, self.drafter_error = drafter, None
 
+    @property
+    def policy(self) -> AdaptivePolicy | None:
+        return self._policy
+
+    @policy.setter
+    def policy(self, policy: AdaptivePolicy | None) -> None:
+        """Attach an adaptive policy; its strategies must fit this engine as an explicit strategy must."""
+        if policy is not None:
+            for name in policy.config.strategies:
+                self._check_strategy(name, needs_drafter=False)
+        self._policy = policy
+
     # ----- requests -----------------------------------------------------------------------------------------
 
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None = None) -> str:
-        if len(prompt_ids) == 0:
-            raise ValueError("prompt_ids must not be empty")
-        if len(prompt_ids) >= self.max_model_len:
-            raise ValueError(
-                f"Prompt of {len(prompt_ids)} tokens leaves no room to generate within max_model_len="
-                f"{self.max_model_len}"
-            )
+        self._check_prompt(prompt_ids)
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         generator = None
         if params.seed is not None:
@@ -166,6 +172,19 @@ class RolloutEngine:
         with self._lock:
             self.waiting.append(request)
         return request_id
+
+    def _check_prompt(self, prompt_ids: Sequence[int]) -> None:
+        if len(prompt_ids) == 0:
+            raise ValueError("prompt_ids must not be empty")
+        if len(prompt_ids) >= self.max_model_len:
+            raise ValueError(
+                f"Prompt of {len(prompt_ids)} tokens leaves no room to generate within max_model_len="
+                f"{self.max_model_len}"
+            )
+        vocab_size = self.model.spec.vocab_size
+        bad = [int(t) for t in prompt_ids if not 0 <= int(t) < vocab_size]
+        if bad:  # an out-of-range id would fail the whole batch's prefill (a device assert on CUDA)
+            raise ValueError(f"Prompt token ids {bad[:5]} are outside the model's vocabulary [0, {vocab_size})")
 
     def abort(self, request_id: str) -> None:
         """Finish a request early with finish_reason 'abort' at the next step."""
@@ -212,6 +231,8 @@ class RolloutEngine:
         params_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if len(params_list) != len(prompts):
             raise ValueError(f"Got {len(prompts)} prompts but {len(params_list)} SamplingParams")
+        for prompt in prompts:  # all checked before any is queued: a bad one must not leave the others behind
+            self._check_prompt(prompt)
         ids = [self.add_request(p, sp) for p, sp in zip(prompts, params_list, strict=True)]
         done: dict[str, CompletionOutput] = {}
         while len(done) < len(ids):
@@ -240,6 +261,8 @@ class RolloutEngine:
         if self.graphs is not None:
             self.graphs.reset()  # they point into the cache
         self.cache.release()
+        if self.drafter is not None:
+            self.drafter.release_cache()
 
     def enable_step_graphs(self, capture: bool = True) -> StepGraphPool:
         """Serve decode and verify forwards from a StepGraphPool from now on (what cuda_graphs=True does lazily).
@@ -384,11 +407,11 @@ class RolloutEngine:
                 return
             request.append(token, log_prob, request.stop_ids)
 
-    def _check_strategy(self, strategy: SpecStrategy | str | None) -> SpecStrategy | None:
+    def _check_strategy(self, strategy: SpecStrategy | str | None, needs_drafter: bool = True) -> SpecStrategy | None:
         if strategy is None:
             return None
         spec = SpecStrategy.parse(strategy)
-        if self.drafter is None:
+        if needs_drafter and self.drafter is None:
             raise ValueError(
                 f"Speculative strategy {spec.name!r} needs a drafter: pass drafter=... to RolloutEngine(...) or "
                 "RolloutEngine.from_pretrained(...), or call engine.set_drafter(...)"
@@ -424,7 +447,8 @@ class RolloutEngine:
         params = self._logits_params(requests)
         tokens, log_probs = sample_tokens(logits, requests, params, self.generator, raw_logprobs=self.raw_logprobs)
         for request, token, log_prob in zip(requests, tokens, log_probs, strict=True):
-            request.append(token, log_prob, request.stop_ids)
+            if request.finish_reason is None:  # an aborted row waits for retirement without growing (as _commit)
+                request.append(token, log_prob, request.stop_ids)
 
     def _logits_params(self, requests: list[Request]) -> LogitsParams:
         """Sampling parameters of `requests` as tensors, rebuilt only when the batch composition changes."""

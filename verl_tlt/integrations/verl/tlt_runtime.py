@@ -34,6 +34,9 @@ from verl_tlt.integrations.verl.rollout_trace import rollout_summary
 from verl_tlt.metrics.long_tail import long_tail_metrics
 
 logger = logging.getLogger(__name__)
+
+# Loading a drafter into a replica is a state-dict copy; a replica that takes longer than this is treated as failed.
+DRAFTER_SYNC_TIMEOUT_S = 300.0
 # Like verl's own modules: INFO unless VERL_LOGGING_LEVEL says otherwise, so TLT's progress shows in the run log.
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
 
@@ -69,6 +72,13 @@ class TLTRuntime:
         if not any(installed):
             raise RuntimeError("TLT could not hook the actor's forward for hidden-state capture (no actor worker)")
         self.actor_wg = actor_wg
+        replicas_count, min_idle = len(self.servers), self.tlt.drafter.min_idle_replicas
+        if self.tlt.drafter.train and 1 < replicas_count <= min_idle:
+            raise ValueError(
+                f"tlt.drafter.min_idle_replicas={min_idle} with {replicas_count} rollout replicas: spot training "
+                "starts when that many replicas have drained while another still generates, which can never happen; "
+                f"set tlt.drafter.min_idle_replicas <= {replicas_count - 1}"
+            )
         self.pool = DrafterPool(self._make_workers(target_path))
         schedule = SpotSchedule(len(self.servers), min(self.tlt.drafter.min_idle_replicas, len(self.servers)))
         self.coordinator = SpotCoordinator(
@@ -216,7 +226,24 @@ class TLTRuntime:
         if version == self.pushed_version and not force:
             return False
         ref = ray.put(weights)
-        ray.get([s.update_drafter.remote(ref, version) for s in self.servers])
+        calls = [server.update_drafter.remote(ref, version) for server in self.servers]
+        failed = []
+        for rank, call in enumerate(calls):
+            try:
+                ray.get(call, timeout=DRAFTER_SYNC_TIMEOUT_S)
+            except Exception as error:  # a drafter that cannot be loaded must not fail the RL step
+                failed.append(rank)
+                logger.error(
+                    "TLT: rollout replica %d could not load drafter version %d (%s: %s); it keeps its previous "
+                    "drafter (or decodes plainly if it has none)",
+                    rank,
+                    version,
+                    type(error).__name__,
+                    error,
+                )
+        if failed:
+            self.metrics["tlt/drafter/sync_failures"] = self.metrics.get("tlt/drafter/sync_failures", 0.0) + len(failed)
+            return False  # pushed_version stays: the next step pushes again (replicas that have it skip the load)
         self.pushed_version = version
         return True
 
