@@ -76,12 +76,26 @@ def test_speculative_group_validates_values_with_the_key_and_a_fix():
         ({"threshold": 4, "buckets": [1, 8]}, "stay <= tlt.speculative.threshold=4"),
         ({"strategies": ["4-1-4"]}, "depth_topk_treetokens"),
         ({"strategies": []}, "non-empty"),
+        ({"strategies": ["4_1_8"]}, "tlt.speculative.strategies: '4_1_8' is not a usable strategy"),
+        ({"strategies": ["2_4_100"]}, "tlt.speculative.strategies: '2_4_100' is not a usable strategy"),
         ({"epsilon": 2.0}, "tlt.speculative.epsilon must be in [0, 1]"),
         ({"probe_rate": 2.0}, "tlt.speculative.probe_rate must be in [0, 1]"),
     ]
     for values, message in cases:
         with pytest.raises(ValueError, match=re.escape(message)):
             TLTConfig.from_dict({"speculative": values})
+
+
+def test_drafter_group_rejects_values_that_would_fail_later():
+    cases = [
+        ({"max_tokens_per_batch": 1}, "tlt.drafter.max_tokens_per_batch must be >= 2"),
+        ({"lr": float("inf")}, "tlt.drafter.lr must be finite and > 0"),
+        ({"poll_interval_s": float("inf")}, "tlt.drafter.poll_interval_s must be in (0, 60.0]"),
+        ({"poll_interval_s": 0}, "tlt.drafter.poll_interval_s must be in (0, 60.0]"),
+    ]
+    for values, message in cases:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            TLTConfig.from_dict({"drafter": values})
 
 
 @pytest.mark.parametrize("bad", [["4-1-4"], [414, 212]])
@@ -257,6 +271,7 @@ def test_check_available_refuses_vllm_with_the_fix():
 def test_config_module_imports_nothing_heavy():
     code = (
         "import sys, verl_tlt.config; "
+        "verl_tlt.config.TLTConfig.from_dict({'speculative': {'strategies': ['4_1_4']}}); "  # validation too
         "bad = [m for m in ('verl', 'ray', 'torch', 'vllm', 'omegaconf', 'hydra') if m in sys.modules]; "
         "assert not bad, bad"
     )

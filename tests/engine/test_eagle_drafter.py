@@ -167,6 +167,7 @@ def test_a_long_prompt_joining_a_row_near_max_model_len_keeps_speculation_on(var
     while engine.has_unfinished():
         outputs.update({o.request_id: o for o in engine.step("4_1_4")})
     assert engine.drafter_error is None
+    assert engine.drafter.cache.max_len == engine.cache.max_len  # no row's padding reached past its own length
     plain = RolloutEngine.from_pretrained(str(varied_qwen2[0]), **kwargs)
     reference = plain.generate([list(range(5, 12)), list(range(10, 50))], [long_row, joiner])
     assert [outputs[first].token_ids, outputs[second].token_ids] == [o.token_ids for o in reference]

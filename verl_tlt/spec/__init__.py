@@ -1,26 +1,36 @@
 """Pure speculative-decoding math (torch only): logits processing, draft trees, lossless verification.
 
-Nothing in this package imports verl, ray or vLLM.
+Nothing in this package imports verl, ray or vLLM. Names are loaded lazily, so that `verl_tlt.spec.strategy`
+(plain dataclasses, which the config validates strategies with) can be imported without torch.
 """
 
-from verl_tlt.spec.logits import GREEDY_EPS, LogitsParams, is_greedy, process_logits, token_log_probs
-from verl_tlt.spec.strategy import SpecStrategy
-from verl_tlt.spec.tree import DraftTree, build_chain, build_eagle2_tree, chain_from_expand, tree_attention_mask
-from verl_tlt.spec.verify import VerifyResult, emitted_positions, verify_tree
+from __future__ import annotations
 
-__all__ = [
-    "GREEDY_EPS",
-    "DraftTree",
-    "LogitsParams",
-    "SpecStrategy",
-    "VerifyResult",
-    "build_chain",
-    "build_eagle2_tree",
-    "chain_from_expand",
-    "emitted_positions",
-    "is_greedy",
-    "process_logits",
-    "token_log_probs",
-    "tree_attention_mask",
-    "verify_tree",
-]
+import importlib
+from typing import Any
+
+_MODULE_OF = {
+    "GREEDY_EPS": "logits",
+    "LogitsParams": "logits",
+    "is_greedy": "logits",
+    "process_logits": "logits",
+    "token_log_probs": "logits",
+    "SpecStrategy": "strategy",
+    "DraftTree": "tree",
+    "build_chain": "tree",
+    "build_eagle2_tree": "tree",
+    "chain_from_expand": "tree",
+    "tree_attention_mask": "tree",
+    "VerifyResult": "verify",
+    "emitted_positions": "verify",
+    "verify_tree": "verify",
+}
+
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

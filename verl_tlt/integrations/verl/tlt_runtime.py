@@ -56,6 +56,7 @@ class TLTRuntime:
         self.coordinator: SpotCoordinator | None = None
         self.pushed_version: int | None = None
         self._pending_save: tuple[Path, dict] | None = None  # (drafter folder, meta) of a checkpoint being written
+        self._spot_watched = False  # whether the coordinator watches the current rollout
         self.resume_dir: Path | None = None
         self._drain_calls: list[Any] = []
 
@@ -139,7 +140,8 @@ class TLTRuntime:
     # ----- rollout ---------------------------------------------------------------------------------------------
 
     def on_sample_begin(self) -> None:
-        if self.tlt.drafter.train and self.pool.available:
+        self._spot_watched = self.tlt.drafter.train and self.pool.available
+        if self._spot_watched:
             self._drain_calls = [s.wait_for_drain.remote() for s in self.servers]
             self.coordinator.begin()
 
@@ -150,7 +152,10 @@ class TLTRuntime:
     def after_sleep(self) -> None:
         records = ray.get([s.pop_last_rollout.remote() for s in self.servers])
         stats = ray.get([s.sd_stats.remote(True) for s in self.servers])
-        self.metrics.update(rollout_metrics(records, stats, training_stopped_at=self.coordinator.stopped_at))
+        # Only a rollout the coordinator watched has a training stop time (its stopped_at is from an earlier one).
+        stopped_at = self.coordinator.stopped_at if self._spot_watched else None
+        self._spot_watched = False
+        self.metrics.update(rollout_metrics(records, stats, training_stopped_at=stopped_at))
 
     def after_validation(self) -> None:
         ray.get([s.end_validation.remote() for s in self.servers])
@@ -272,6 +277,7 @@ class TLTRuntime:
         if not saved:
             logger.warning("TLT: the drafter checkpoint in %s failed; resuming from this step restarts the drafter", folder)
             return
+        folder.mkdir(parents=True, exist_ok=True)
         (folder / META_FILE).write_text(json.dumps(meta))
 
     def _restore(self, step_folder: Path) -> None:

@@ -1,0 +1,118 @@
+"""TLTRuntime's glue with fakes for Ray and the replicas: failures stay contained, bad set-ups fail at start."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("ray")
+
+from verl_tlt.config import TLTConfig  # noqa: E402
+from verl_tlt.integrations.verl import tlt_runtime  # noqa: E402
+from verl_tlt.integrations.verl.tlt_runtime import TLTRuntime  # noqa: E402
+
+
+class Call:
+    """What `.remote()` returns here: the result (or the error) of calling the method right away."""
+
+    def __init__(self, fn, *args):
+        try:
+            self.value, self.error = fn(*args), None
+        except Exception as error:
+            self.value, self.error = None, error
+
+
+class FakeRay:
+    @staticmethod
+    def put(value):
+        return value
+
+    @staticmethod
+    def get(call, timeout=None):
+        if isinstance(call, list):
+            return [FakeRay.get(c, timeout) for c in call]
+        if call.error is not None:
+            raise call.error
+        return call.value
+
+
+class Remote:
+    def __init__(self, fn):
+        self.fn = fn
+
+    def remote(self, *args):
+        return Call(self.fn, *args)
+
+
+class FakeServer:
+    def __init__(self, fails: bool = False):
+        self.loaded: list[int] = []
+        self.fails = fails
+        self.update_drafter = Remote(self._update)
+
+    def _update(self, weights, version):
+        if self.fails:
+            raise ValueError("Drafter version does not fit this target's drafter")
+        self.loaded.append(version)
+        return True
+
+
+class FakePool:
+    def __init__(self, version: int = 3, saved: bool = True):
+        self.version, self.saved, self.saves = version, saved, []
+
+    def latest_weights(self):
+        return self.version, {"w": self.version}
+
+    def status(self):
+        return {"version": self.version, "total_steps": 10}
+
+    def save(self, directory):
+        self.saves.append(directory)
+        return True
+
+    def wait_for_save(self):
+        return self.saved
+
+
+@pytest.fixture()
+def runtime(monkeypatch):
+    monkeypatch.setattr(tlt_runtime, "ray", FakeRay)
+    runtime = TLTRuntime(config=None, tlt=TLTConfig.from_dict({"enabled": True}))
+    runtime.pool = FakePool()
+    return runtime
+
+
+def test_a_replica_that_cannot_load_the_drafter_does_not_fail_the_step(runtime, caplog):
+    good, bad = FakeServer(), FakeServer(fails=True)
+    runtime.servers = [good, bad]
+    assert runtime.push_drafter() is False
+    assert good.loaded == [3] and runtime.pushed_version is None  # pushed again next time
+    assert runtime.pop_metrics()["tlt/drafter/sync_failures"] == 1.0
+    assert "rollout replica 1 could not load drafter version 3" in caplog.text
+    bad.fails = False
+    assert runtime.push_drafter() is True and runtime.pushed_version == 3 and bad.loaded == [3]
+
+
+def test_the_drafter_meta_file_is_written_only_after_a_successful_save(runtime, tmp_path):
+    runtime.save(str(tmp_path / "global_step_1"))
+    meta = tmp_path / "global_step_1" / tlt_runtime.CHECKPOINT_DIR / tlt_runtime.META_FILE
+    assert not meta.exists()  # the drafter checkpoint is still being written
+    runtime.wait_for_save()
+    assert json.loads(meta.read_text()) == {"version": 3, "total_steps": 10}
+    runtime.pool.saved = False
+    runtime.save(str(tmp_path / "global_step_2"))
+    runtime.wait_for_save()
+    assert not (tmp_path / "global_step_2" / tlt_runtime.CHECKPOINT_DIR / tlt_runtime.META_FILE).exists()
+
+
+def test_min_idle_replicas_that_can_never_be_reached_fail_at_start(monkeypatch):
+    monkeypatch.setattr(tlt_runtime, "ray", FakeRay)
+    tlt = TLTConfig.from_dict({"enabled": True, "drafter": {"min_idle_replicas": 2}})
+    runtime = TLTRuntime(config=None, tlt=tlt)
+    replicas = [SimpleNamespace(servers=[FakeServer()]) for _ in range(2)]
+    actor_wg = SimpleNamespace(tlt_install_capture=lambda: [True])
+    with pytest.raises(ValueError, match=r"set tlt.drafter.min_idle_replicas <= 1"):
+        runtime.setup(replicas, actor_wg, target_path="unused")
