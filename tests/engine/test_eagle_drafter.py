@@ -192,3 +192,19 @@ def test_release_cache_frees_the_drafters_cache_too(engine):
     assert not engine.drafter.cache.k
     engine.generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=6), strategy="4_1_4")  # and works after
     assert engine.drafter_error is None
+
+
+def test_weights_changed_in_place_take_effect_at_the_next_begin(engine):
+    drafter: EagleDrafter = engine.drafter
+    model = drafter.model
+    sequence = [3, 17, 42, 8, 60, 9]
+    hidden = torch.randn(len(sequence) - 1, model.spec.hidden_size, generator=torch.Generator().manual_seed(1))
+    drafter.begin([DraftContext(sequence, 0, hidden)])
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    try:
+        model.load_state_dict({k: v * 1.1 for k, v in original.items()})
+        drafter.reset()
+        root_logits = drafter.begin([DraftContext(sequence, 0, hidden)])
+        assert close(root_logits[0], model.logits(reference_features(model, sequence[1:], hidden)[-1]))
+    finally:
+        model.load_state_dict(original)

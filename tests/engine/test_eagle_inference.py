@@ -87,14 +87,16 @@ def test_kept_positions_equal_the_full_forward(drafter, keep):
     torch.testing.assert_close(v_kept, v_all)
 
 
-def test_new_weights_are_used(drafter):
-    """Layouts are rebuilt after load_state_dict and optimizer steps (version), and after invalidate()."""
+def test_new_weights_are_used_after_refresh(drafter):
+    """refresh() rebuilds the layouts after load_state_dict and optimizer steps (versions); invalidate() after
+    writes through .data, which bump no version."""
     fused = EagleInferenceForward(drafter)
     before = both_forwards(drafter, fused, 3, 4, True)[1][0]
     original = {name: value.clone() for name, value in drafter.state_dict().items()}
     try:
         changed = {name: value + 0.05 for name, value in original.items()}
         drafter.load_state_dict(changed)
+        fused.refresh()
         reference, actual = both_forwards(drafter, fused, 3, 4, True)
         assert not torch.allclose(actual[0], before)
         torch.testing.assert_close(actual[0], reference[0], rtol=1e-5, atol=1e-5)
@@ -104,6 +106,7 @@ def test_new_weights_are_used(drafter):
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
+        fused.refresh()
         reference, actual = both_forwards(drafter, fused, 3, 4, True)
         torch.testing.assert_close(actual[0], reference[0], rtol=1e-5, atol=1e-5)
 

@@ -43,6 +43,7 @@ class EagleDrafter(Drafter):
 
     @torch.inference_mode()
     def begin(self, rows: list[DraftContext]) -> torch.Tensor:
+        self.forward.refresh()  # new drafter weights take effect from this speculative step
         self._ensure_slots(len(rows))
         starts = [row.num_synced for row in rows]
         counts = [len(row.token_ids) - 1 - row.num_synced for row in rows]

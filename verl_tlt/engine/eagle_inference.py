@@ -11,8 +11,10 @@ with fewer, fused calls:
   rotation, so there the rotation stays explicit);
 - the residual additions ride on the products (`addmm`), and the products use contiguous transposed weights
   (the layout small-row products are fastest in on CPU, `engine.cpu_linear`).
-Training never uses this path: it reads the drafter's parameters and rebuilds its layouts when their version
-changes (an optimizer step or `load_state_dict`); writes through `.data` need `invalidate()`.
+Training never uses this path. Its layouts are copies of the drafter's parameters, rebuilt by `refresh()` when
+their version changed (an optimizer step or `load_state_dict`; writes through `.data` need `invalidate()`). The
+engine's drafter refreshes once per speculative step (in `begin`), not per forward: reading the versions of
+seven parameters through module attributes costs as much as a small product.
 """
 
 from __future__ import annotations
@@ -61,9 +63,17 @@ class EagleInferenceForward:
         self.fold_rotation = attn.q_norm is None
         self.intermediate_size = model.layer.mlp.intermediate_size
         self._layouts: _Layouts | None = None
+        self._slots: dict[tuple[int, torch.device], torch.Tensor] = {}  # [B, 1] cache rows, by batch size
 
     def invalidate(self) -> None:
         self._layouts = None
+
+    def refresh(self) -> None:
+        """Rebuild the layouts if a parameter changed since they were made."""
+        params = self._params()
+        versions = tuple(p._version for p in params if p is not None)
+        if self._layouts is None or self._layouts.versions != versions:
+            self._layouts = self._build(versions)
 
     def __call__(
         self,
@@ -84,27 +94,29 @@ class EagleInferenceForward:
         writes its keys and values to the cache, but attention, o_proj and the MLP run for the kept ones alone
         (`begin` needs only each row's last feature; its other positions only fill the cache).
         """
-        w = self._current_layouts()
+        if self._layouts is None:
+            self.refresh()
+        w = self._layouts
         model = self.model
         rows, width = tokens.shape
         hidden_size = model.spec.hidden_size
         embeds = F.embedding(tokens, model.target.model.embed_tokens.weight)
         x = torch.cat([embeds, hidden.to(embeds.dtype)], dim=-1).view(rows * width, 2 * hidden_size) @ w.fc
         qkv = x @ w.qkv if w.qkv_bias is None else torch.addmm(w.qkv_bias, x, w.qkv)
-        qkv = qkv.view(rows, width, -1)
         heads = self.num_heads + self.num_kv_heads
-        qk = qkv[..., : self.q_size + self.kv_size].view(rows, width, heads, self.head_dim)
-        v = qkv[..., self.q_size + self.kv_size : self.q_size + 2 * self.kv_size]
-        v = v.view(rows, width, self.num_kv_heads, self.head_dim)
+        qkv = qkv.view(rows, width, -1, self.head_dim)  # heads: q, k, v, then (folded) rotated q, k
+        qk, v = qkv[:, :, :heads], qkv[:, :, heads : heads + self.num_kv_heads]
         cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # [B, T, 1, D]
         if self.fold_rotation:
-            rotated = qkv[..., self.q_size + 2 * self.kv_size :].view(rows, width, heads, self.head_dim)
+            rotated = qkv[:, :, heads + self.num_kv_heads :]
         else:
             attn = model.layer.self_attn
             qk = torch.cat([attn.q_norm(qk[:, :, : self.num_heads]), attn.k_norm(qk[:, :, self.num_heads :])], dim=2)
             rotated = rotate_half(qk)
         qk = torch.addcmul(qk * cos, rotated, sin)
-        slots = torch.arange(rows, device=tokens.device).unsqueeze(-1)
+        slots = self._slots.get((rows, tokens.device))
+        if slots is None:
+            slots = self._slots[(rows, tokens.device)] = torch.arange(rows, device=tokens.device).unsqueeze(-1)
         k_cache[slots, :, write_pos] = qk[:, :, self.num_heads :].to(k_cache.dtype)
         v_cache[slots, :, write_pos] = v.to(v_cache.dtype)
         query = qk[:, :, : self.num_heads]
@@ -121,16 +133,13 @@ class EagleInferenceForward:
         out = out.transpose(1, 2).reshape(rows * width, self.q_size)
         x = torch.addmm(x, out, w.o) if w.o_bias is None else torch.addmm(x + w.o_bias, out, w.o)
         norm = model.layer.post_attention_layernorm
-        gate_up = norm(x) @ w.gate_up
+        if x.dtype == torch.float32 and norm.weight.dtype == torch.float32:  # RMSNorm's own fp32 path, minus the call
+            normed = F.rms_norm(x, (hidden_size,), norm.weight, norm.eps)
+        else:
+            normed = norm(x)
+        gate_up = normed @ w.gate_up
         act = F.silu(gate_up[:, : self.intermediate_size]).mul_(gate_up[:, self.intermediate_size :])
         return torch.addmm(x, act, w.down).view(rows, width, hidden_size)
-
-    def _current_layouts(self) -> _Layouts:
-        params = self._params()
-        versions = tuple(p._version for p in params if p is not None)
-        if self._layouts is None or self._layouts.versions != versions:
-            self._layouts = self._build(versions)
-        return self._layouts
 
     def _params(self) -> list[torch.Tensor | None]:
         attn, mlp = self.model.layer.self_attn, self.model.layer.mlp
