@@ -64,14 +64,18 @@ class EagleInferenceForward:
         self.intermediate_size = model.layer.mlp.intermediate_size
         self._layouts: _Layouts | None = None
         self._slots: dict[tuple[int, torch.device], torch.Tensor] = {}  # [B, 1] cache rows, by batch size
+        self._param_list: list[torch.Tensor | None] | None = None
 
     def invalidate(self) -> None:
+        """Forget the layouts (after writes through `.data`, or after replacing a parameter object)."""
         self._layouts = None
+        self._param_list = None
 
     def refresh(self) -> None:
         """Rebuild the layouts if a parameter changed since they were made."""
-        params = self._params()
-        versions = tuple(p._version for p in params if p is not None)
+        if self._param_list is None:  # looked up once: module attribute access is slow, and in-place updates keep them
+            self._param_list = self._params()
+        versions = tuple(p._version for p in self._param_list if p is not None)
         if self._layouts is None or self._layouts.versions != versions:
             self._layouts = self._build(versions)
 
