@@ -87,6 +87,32 @@ def test_kept_positions_equal_the_full_forward(drafter, keep):
     torch.testing.assert_close(v_kept, v_all)
 
 
+@pytest.mark.parametrize(("rows", "width"), [(1, 5), (3, 1)])
+def test_writing_by_slices_equals_writing_by_index(drafter, rows, width):
+    """write_start (rows at equal, consecutive positions) fills the cache exactly as the indexed write does."""
+    tokens, hidden, _, _ = step_inputs(drafter, rows, width)
+    start = KV_LEN - width
+    positions = (start + torch.arange(width)).expand(rows, width)
+    mask = (torch.arange(KV_LEN).view(1, 1, KV_LEN) <= positions.unsqueeze(-1)).unsqueeze(1)
+    cos, sin = drafter.target.rotary_tables(positions, torch.float32, max_position=KV_LEN)
+    fused = EagleInferenceForward(drafter)
+    k_index, v_index = random_cache(drafter, rows)
+    k_slice, v_slice = k_index.clone(), v_index.clone()
+    with torch.inference_mode():
+        by_index = fused(tokens, hidden, positions, mask, KV_LEN, cos, sin, k_index, v_index)
+        by_slice = fused(tokens, hidden, None, mask, KV_LEN, cos, sin, k_slice, v_slice, write_start=start)
+    torch.testing.assert_close(by_slice, by_index)
+    torch.testing.assert_close(k_slice, k_index)
+    torch.testing.assert_close(v_slice, v_index)
+
+
+def test_rotary_rows_are_the_tables_rows(drafter):
+    cos, sin = drafter.target.rotary_rows(7, 3, torch.float32)
+    want_cos, want_sin = drafter.target.rotary_tables(torch.arange(7, 10), torch.float32)
+    torch.testing.assert_close(cos, want_cos)
+    torch.testing.assert_close(sin, want_sin)
+
+
 def test_new_weights_are_used_after_refresh(drafter):
     """refresh() rebuilds the layouts after load_state_dict and optimizer steps (versions); invalidate() after
     writes through .data, which bump no version."""

@@ -54,10 +54,13 @@ class EagleDrafter(Drafter):
                 raise ValueError(f"EagleDrafter needs {counts[b]} target hidden states for row {b}")
         width = max(counts)
         ends = [start + count for start, count in zip(starts, counts, strict=True)]  # pairs per row after this
-        if len(rows) == 1:  # the long tail's common case: no padding to build
+        # Only each row's last position yields a feature that is used (the root's); the others fill the cache.
+        last = [count - 1 for count in counts]
+        if len(rows) == 1:  # the long tail's common case: no padding, and the one query attends to everything
             tokens = torch.tensor([rows[0].token_ids[starts[0] + 1 :]], device=self.device)
             hidden = rows[0].hidden_states.unsqueeze(0)
-            positions = starts[0] + torch.arange(width, device=self.device).unsqueeze(0)
+            self._reserve(1, ends[0])
+            root_features = self._forward(tokens, hidden, None, None, None, ends[0], last, start=starts[0])[:, 0]
         else:
             tokens = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)
             hidden = torch.zeros(len(rows), width, self.model.spec.hidden_size, dtype=self.dtype, device=self.device)
@@ -70,12 +73,10 @@ class EagleDrafter(Drafter):
             offsets = torch.arange(width, device=self.device).unsqueeze(0)
             positions = torch.tensor(starts, device=self.device).unsqueeze(1) + offsets
             positions = torch.minimum(positions, torch.tensor(ends, device=self.device).unsqueeze(1))  # [B, T]
-        kv_len = max(ends) + (1 if min(counts) < width else 0)
-        self._reserve(len(rows), kv_len)
-        mask = torch.arange(kv_len, device=self.device).view(1, 1, kv_len) <= positions.unsqueeze(-1)
-        # Only each row's last position yields a feature that is used (the root's); the others fill the cache.
-        last = [count - 1 for count in counts]
-        root_features = self._forward(tokens, hidden, positions, positions, mask.unsqueeze(1), kv_len, last)[:, 0]
+            kv_len = max(ends) + (1 if min(counts) < width else 0)
+            self._reserve(len(rows), kv_len)
+            mask = torch.arange(kv_len, device=self.device).view(1, 1, kv_len) <= positions.unsqueeze(-1)
+            root_features = self._forward(tokens, hidden, positions, positions, mask.unsqueeze(1), kv_len, last)[:, 0]
         self.synced[: len(rows)] = [s + c for s, c in zip(starts, counts, strict=True)]
         self._root = _DraftRoot(root_features, self.synced[: len(rows)], self.device)
         self._search = None
@@ -98,11 +99,14 @@ class EagleDrafter(Drafter):
         parent = root.features if depth == 1 else root.chain_features
         kv_len = root.max_committed + depth
         self._reserve(rows, kv_len)
-        positions = (root.committed + (depth - 1)).unsqueeze(1)  # [B, 1]
-        mask = None
-        if not root.uniform:
+        if root.uniform:  # every row at the same position: no mask, and no index tensors for rotary or cache
+            start = root.max_committed + depth - 1
+            args = (None, None, None, kv_len, None, start)
+        else:
+            positions = (root.committed + (depth - 1)).unsqueeze(1)  # [B, 1]
             mask = (torch.arange(kv_len, device=self.device) <= positions).view(rows, 1, 1, kv_len)
-        features = self._forward(tokens.unsqueeze(1), parent.unsqueeze(1), positions, positions, mask, kv_len)[:, 0]
+            args = (positions, positions, mask, kv_len)
+        features = self._forward(tokens.unsqueeze(1), parent.unsqueeze(1), *args)[:, 0]
         root.chain_features, root.chain_depth = features, depth
         return self.model.logits(features)
 
@@ -158,10 +162,16 @@ class EagleDrafter(Drafter):
             raise RuntimeError("EagleDrafter: extend_chain/expand called before begin")
         return self._root
 
-    def _forward(self, tokens, hidden, positions, write_pos, mask, kv_len: int, keep=None) -> torch.Tensor:
-        cos, sin = self.model.target.rotary_tables(positions, self.dtype, max_position=kv_len)
+    def _forward(self, tokens, hidden, positions, write_pos, mask, kv_len: int, keep=None, start=None) -> torch.Tensor:
+        """The drafter's forward; `start` (an int) says that every row's T new pairs sit at positions start..start+T-1,
+        which lets rotary and cache writes slice instead of index (positions and write_pos are then unused)."""
+        if start is not None:
+            cos, sin = self.model.target.rotary_rows(start, tokens.shape[1], self.dtype)
+            cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)  # [1, T, D]: the same for every row
+        else:
+            cos, sin = self.model.target.rotary_tables(positions, self.dtype, max_position=kv_len)
         k_cache, v_cache = self.cache.k[0], self.cache.v[0]
-        return self.forward(tokens, hidden, write_pos, mask, kv_len, cos, sin, k_cache, v_cache, keep)
+        return self.forward(tokens, hidden, write_pos, mask, kv_len, cos, sin, k_cache, v_cache, keep, start)
 
 
 class _DraftRoot:

@@ -91,8 +91,12 @@ class EagleInferenceForward:
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         keep: list[int] | None = None,
+        write_start: int | None = None,
     ) -> torch.Tensor:
         """tokens [B, T] (t_{j+1}), hidden [B, T, H] (h_j); rows are cache slots 0..B-1; mask [B, 1, T, L] or None.
+
+        write_start: when every row writes the same consecutive positions write_start..write_start+T-1 (batch 1,
+        or rows of equal length), the keys and values go in by slicing instead of through index tensors.
 
         Returns features [B, T, H]; with `keep` (one position per row), only those: [B, 1, H]. Every position still
         writes its keys and values to the cache, but attention, o_proj and the MLP run for the kept ones alone
@@ -118,11 +122,16 @@ class EagleInferenceForward:
             qk = torch.cat([attn.q_norm(qk[:, :, : self.num_heads]), attn.k_norm(qk[:, :, self.num_heads :])], dim=2)
             rotated = rotate_half(qk)
         qk = torch.addcmul(qk * cos, rotated, sin)
-        slots = self._slots.get((rows, tokens.device))
-        if slots is None:
-            slots = self._slots[(rows, tokens.device)] = torch.arange(rows, device=tokens.device).unsqueeze(-1)
-        k_cache[slots, :, write_pos] = qk[:, :, self.num_heads :].to(k_cache.dtype)
-        v_cache[slots, :, write_pos] = v.to(v_cache.dtype)
+        if write_start is not None:
+            columns = slice(write_start, write_start + width)
+            k_cache[:rows, :, columns] = qk[:, :, self.num_heads :].transpose(1, 2).to(k_cache.dtype)
+            v_cache[:rows, :, columns] = v.transpose(1, 2).to(v_cache.dtype)
+        else:
+            slots = self._slots.get((rows, tokens.device))
+            if slots is None:
+                slots = self._slots[(rows, tokens.device)] = torch.arange(rows, device=tokens.device).unsqueeze(-1)
+            k_cache[slots, :, write_pos] = qk[:, :, self.num_heads :].to(k_cache.dtype)
+            v_cache[slots, :, write_pos] = v.to(v_cache.dtype)
         query = qk[:, :, : self.num_heads]
         if keep is not None:
             query, x, mask = _kept(keep, query, x.view(rows, width, hidden_size), mask)

@@ -155,6 +155,16 @@ class RotaryEmbedding(nn.Module):
         """
         if max_position is None:
             return self._cos_sin(positions, dtype)
+        cos, sin = self._table(dtype, max_position)
+        return cos[positions], sin[positions]
+
+    def rows(self, start: int, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin [length, head_dim] of the consecutive positions start..start+length-1: slices of the cached
+        table (no index kernels), for callers that know their positions as numbers."""
+        cos, sin = self._table(dtype, start + length)
+        return cos[start : start + length], sin[start : start + length]
+
+    def _table(self, dtype: torch.dtype, max_position: int) -> tuple[torch.Tensor, torch.Tensor]:
         table = self._tables.get(dtype)
         if table is None or table[0].shape[0] < max_position or table[0].device != self.inv_freq.device:
             length = max(max_position, 2 * table[0].shape[0] if table is not None else 256)
@@ -162,7 +172,7 @@ class RotaryEmbedding(nn.Module):
             with torch.inference_mode(False), torch.no_grad():
                 table = self._cos_sin(torch.arange(length, device=self.inv_freq.device), dtype)
             self._tables[dtype] = table
-        return table[0][positions], table[1][positions]
+        return table
 
     def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float().unsqueeze(-1) * self.inv_freq  # [..., head_dim/2]
@@ -323,6 +333,10 @@ class CausalLM(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin for `positions`; pass max_position (> every position) to read them from a cached table."""
         return self.rotary(positions, dtype, max_position)
+
+    def rotary_rows(self, start: int, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin [length, head_dim] for positions start..start+length-1 (see RotaryEmbedding.rows)."""
+        return self.rotary.rows(start, length, dtype)
 
 
 @torch.no_grad()
