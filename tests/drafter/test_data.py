@@ -103,7 +103,8 @@ def test_buffer_state_round_trip_keeps_samples_and_cursor():
 
 def test_samples_with_non_finite_hidden_states_are_refused():
     good = DrafterSample(torch.arange(4), torch.zeros(4, 2), torch.tensor([False, True, True, True]))
-    bad = DrafterSample(torch.arange(4), torch.tensor([[0.0, float("nan")]] * 4), torch.tensor([False, True, True, True]))
+    response = torch.tensor([False, True, True, True])
+    bad = DrafterSample(torch.arange(4), torch.tensor([[0.0, float("nan")]] * 4), response)
     buffer = DrafterDataBuffer(max_tokens=100)
     assert buffer.add([bad, good]) == 1 and buffer.num_rejected == 1 and len(buffer) == 1
 

@@ -188,6 +188,21 @@ def test_bad_speculative_configurations_fail_with_clear_errors(varied_qwen2):
         make_engine(varied_qwen2, WrongVocab(varied_qwen2[1]))
 
 
+def test_an_adaptive_policy_whose_strategies_do_not_fit_is_refused_when_attached(varied_qwen2):
+    """Checked at attach time, not when a request first comes near max_model_len and the step fails."""
+    from verl_tlt.config import SpeculativeConfig
+    from verl_tlt.engine.adaptive import AdaptivePolicy
+
+    policy = AdaptivePolicy(SpeculativeConfig(strategies=("8_4_16", "4_1_4")))
+    with pytest.raises(ValueError, match="max_draft_tokens"):
+        make_engine(varied_qwen2, HFModelDrafter(varied_qwen2[1]), max_draft_tokens=8, policy=policy)
+    engine = make_engine(varied_qwen2, HFModelDrafter(varied_qwen2[1]), max_draft_tokens=8)
+    with pytest.raises(ValueError, match="8_4_16"):
+        engine.policy = policy
+    assert engine.policy is None
+    engine.policy = AdaptivePolicy(SpeculativeConfig(strategies=("4_1_4",)))  # fits
+
+
 class FailingDrafter(HFModelDrafter):
     """Works for `ok_calls` expand calls, then raises (a drafter that runs out of memory mid-rollout)."""
 

@@ -39,6 +39,7 @@ class _FixedBelowThreshold:
 
     def __init__(self, strategy: str, threshold: int):
         self.strategy, self.threshold = SpecStrategy.parse(strategy), threshold
+        self.strategies = {self.strategy.name: self.strategy}  # what the engine checks a policy's strategies by
 
     def select(self, batch_size: int) -> SpecStrategy | None:
         return self.strategy if batch_size <= self.threshold else None

@@ -210,7 +210,9 @@ class DrafterTrainer:
         self._join_save()
         self._save_error = None
         state = self.state_dict(include_samples=include_samples)
-        self._save_thread = threading.Thread(target=self._save_in_background, args=(state, Path(directory)), daemon=True)
+        self._save_thread = threading.Thread(
+            target=self._save_in_background, args=(state, Path(directory)), daemon=True
+        )
         self._save_thread.start()
         if wait:
             self.wait_for_save()

@@ -75,6 +75,7 @@ class AdaptivePolicy:
                 names.append(PLAIN)
             self.arms[lower] = {name: _Arm(deque(maxlen=self.config.window)) for name in names}
         self.rng = random.Random(self.config.seed)
+        self.threshold = self.config.threshold  # the engine reads strategies and threshold (as of any policy)
         self.mode = PLAIN  # PLAIN or "sd": what the last step did
         self.steps_in_mode = 0
         self.num_mode_switches = 0

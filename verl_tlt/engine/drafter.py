@@ -66,4 +66,4 @@ class Drafter(ABC):
         """Forget every row (the engine dropped all requests)."""
 
     def release_cache(self) -> None:  # noqa: B027 - optional hook
-        """Free per-row memory (the engine released its KV cache, e.g. while the rollout sleeps); no rows are running."""
+        """Free per-row memory: the engine released its KV cache (e.g. while the rollout sleeps); nothing runs."""

@@ -155,8 +155,8 @@ class RolloutEngine:
     def policy(self, policy: AdaptivePolicy | None) -> None:
         """Attach an adaptive policy; its strategies must fit this engine as an explicit strategy must."""
         if policy is not None:
-            for name in policy.config.strategies:
-                self._check_strategy(name, needs_drafter=False)
+            for strategy in policy.strategies.values():
+                self._check_strategy(strategy, needs_drafter=False)
         self._policy = policy
 
     # ----- requests -----------------------------------------------------------------------------------------
@@ -273,8 +273,8 @@ class RolloutEngine:
         """
         widths = verify_max_batch = None
         if self.policy is not None:
-            widths = {SpecStrategy.parse(name).tree_tokens + 1 for name in self.policy.config.strategies}
-            verify_max_batch = self.policy.config.threshold
+            widths = {strategy.tree_tokens + 1 for strategy in self.policy.strategies.values()}
+            verify_max_batch = self.policy.threshold
         self.graphs = StepGraphPool(
             self.model,
             self.cache,

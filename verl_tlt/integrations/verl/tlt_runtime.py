@@ -275,7 +275,9 @@ class TLTRuntime:
             return
         folder, meta = pending
         if not saved:
-            logger.warning("TLT: the drafter checkpoint in %s failed; resuming from this step restarts the drafter", folder)
+            logger.warning(
+                "TLT: the drafter checkpoint in %s failed; resuming from this step restarts the drafter", folder
+            )
             return
         folder.mkdir(parents=True, exist_ok=True)
         (folder / META_FILE).write_text(json.dumps(meta))
