@@ -69,18 +69,27 @@ def test_fused_forward_equals_the_model(drafter, rows, width, masked):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+def two_calls(drafter, rows: int, args: tuple, first: dict, second: dict):
+    """The fused forward twice on the same inputs and copies of one cache, with different options:
+    (features, K cache, V cache) of each."""
+    fused = EagleInferenceForward(drafter)
+    k_first, v_first = random_cache(drafter, rows)
+    k_second, v_second = k_first.clone(), v_first.clone()
+    tokens, hidden, write_pos, mask, cos, sin = args
+    with torch.inference_mode():
+        out_first = fused(tokens, hidden, write_pos, mask, KV_LEN, cos, sin, k_first, v_first, **first)
+        out_second = fused(tokens, hidden, write_pos, mask, KV_LEN, cos, sin, k_second, v_second, **second)
+    return (out_first, k_first, v_first), (out_second, k_second, v_second)
+
+
 @pytest.mark.parametrize("keep", [[4], [3, 1, 2]])
 def test_kept_positions_equal_the_full_forward(drafter, keep):
     """`keep` computes only one position's feature per row, and still writes every position's keys and values."""
     rows, width = len(keep), 5
     tokens, hidden, positions, mask = step_inputs(drafter, rows, width)
     cos, sin = drafter.target.rotary_tables(positions, torch.float32, max_position=KV_LEN)
-    fused = EagleInferenceForward(drafter)
-    k_all, v_all = random_cache(drafter, rows)
-    k_kept, v_kept = k_all.clone(), v_all.clone()
-    with torch.inference_mode():
-        every = fused(tokens, hidden, positions, mask, KV_LEN, cos, sin, k_all, v_all)
-        kept = fused(tokens, hidden, positions, mask, KV_LEN, cos, sin, k_kept, v_kept, keep)
+    args = (tokens, hidden, positions, mask, cos, sin)
+    (every, k_all, v_all), (kept, k_kept, v_kept) = two_calls(drafter, rows, args, {}, {"keep": keep})
     assert kept.shape == (rows, 1, drafter.spec.hidden_size)
     torch.testing.assert_close(kept[:, 0], every[torch.arange(rows), torch.tensor(keep)], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(k_kept, k_all)
@@ -95,15 +104,10 @@ def test_writing_by_slices_equals_writing_by_index(drafter, rows, width):
     positions = (start + torch.arange(width)).expand(rows, width)
     mask = (torch.arange(KV_LEN).view(1, 1, KV_LEN) <= positions.unsqueeze(-1)).unsqueeze(1)
     cos, sin = drafter.target.rotary_tables(positions, torch.float32, max_position=KV_LEN)
-    fused = EagleInferenceForward(drafter)
-    k_index, v_index = random_cache(drafter, rows)
-    k_slice, v_slice = k_index.clone(), v_index.clone()
-    with torch.inference_mode():
-        by_index = fused(tokens, hidden, positions, mask, KV_LEN, cos, sin, k_index, v_index)
-        by_slice = fused(tokens, hidden, None, mask, KV_LEN, cos, sin, k_slice, v_slice, write_start=start)
-    torch.testing.assert_close(by_slice, by_index)
-    torch.testing.assert_close(k_slice, k_index)
-    torch.testing.assert_close(v_slice, v_index)
+    args = (tokens, hidden, positions, mask, cos, sin)
+    by_index, by_slice = two_calls(drafter, rows, args, {}, {"write_start": start})
+    for want, got in zip(by_index, by_slice, strict=True):
+        torch.testing.assert_close(got, want)
 
 
 def test_rotary_rows_are_the_tables_rows(drafter):
