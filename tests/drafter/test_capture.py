@@ -5,15 +5,39 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verl_tlt.drafter.capture import choose_rows_for_capture, samples_from_batch, samples_from_packed
+from verl_tlt.drafter.capture import choose_rows_for_capture, samples_from_batch, samples_from_packed, truncated
+from verl_tlt.drafter.data import DrafterSample
 
 
 def test_longest_responses_are_captured_first_within_the_budget():
     responses = [10, 300, 50, 300, 0, 900]
     totals = [20, 310, 60, 310, 10, 910]
-    assert choose_rows_for_capture(responses, totals, token_budget=700) == [0, 1, 2, 3]  # 910 alone does not fit
-    assert choose_rows_for_capture(responses, totals, token_budget=2000) == [0, 1, 2, 3, 5]  # empty row skipped
+    # The longest (910 tokens) does not fit 700: its 700-token prefix (690 response tokens) takes the budget.
+    assert choose_rows_for_capture(responses, totals, token_budget=700) == [(5, 700)]
+    assert choose_rows_for_capture(responses, totals, token_budget=2000) == [
+        (0, 20),
+        (1, 310),
+        (2, 60),
+        (3, 310),
+        (5, 910),
+    ]
     assert choose_rows_for_capture(responses, totals, token_budget=5) == []
+
+
+def test_a_response_longer_than_the_budget_is_captured_as_a_prefix_not_skipped():
+    """A per-rank budget below the long tail's lengths must not leave the drafter only the short answers."""
+    responses, totals = [8000, 6000, 300, 200], [8100, 6100, 400, 300]
+    assert choose_rows_for_capture(responses, totals, token_budget=4096) == [(0, 4096)]
+    # A prefix with fewer than PREFIX_MIN_RESPONSE_TOKENS response tokens is not worth it: the next rows fit whole.
+    assert choose_rows_for_capture([500, 30], [590, 40], token_budget=150) == [(1, 40)]
+
+
+def test_truncated_keeps_the_prefix_of_every_field():
+    sample = DrafterSample(torch.arange(6), torch.arange(12.0).view(6, 2), torch.tensor([0, 0, 1, 1, 1, 1]).bool(), 3)
+    short = truncated(sample, 4)
+    assert short.token_ids.tolist() == [0, 1, 2, 3] and short.hidden_states.tolist() == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert short.response_mask.tolist() == [False, False, True, True] and short.step == 3
+    assert truncated(sample, 10) is sample
 
 
 def test_capture_rejects_inconsistent_input():

@@ -14,15 +14,22 @@ import torch
 
 from verl_tlt.drafter.data import DrafterSample, sample_from_padded_row
 
+# A response too long for what is left of the budget is captured as a prefix if that holds at least this many
+# response tokens (fewer are not worth the budget they would use).
+PREFIX_MIN_RESPONSE_TOKENS = 64
+
 
 def choose_rows_for_capture(
     response_lengths: Sequence[int], total_lengths: Sequence[int], token_budget: int
-) -> list[int]:
-    """Rows to capture: longest responses first, while their total tokens (prompt + response) fit the budget.
+) -> list[tuple[int, int]]:
+    """Rows to capture and how many of their tokens: longest responses first, within the token budget.
 
-    A row that alone exceeds the budget is skipped rather than truncated here (the data buffer windows long
-    samples later; capture keeps whole sequences so every window has its true context available). Ties keep the
-    batch order, so the choice is deterministic. Returns row indices in ascending order.
+    A row that fits what is left of the budget is taken whole. One that does not is taken as a prefix (its prompt
+    and the start of its response, up to the budget) if that prefix holds at least PREFIX_MIN_RESPONSE_TOKENS
+    response tokens, else skipped: with a small per-rank budget, skipping every response longer than the budget
+    would feed the drafter only short answers, and the long tail is what it must be good at. Training windows long
+    samples anyway, restarting positions, so a prefix loses no context a window would have had. Ties keep the
+    batch order, so the choice is deterministic. Returns (row, tokens to keep) in ascending row order.
     """
     if len(response_lengths) != len(total_lengths):
         raise ValueError(
@@ -33,11 +40,27 @@ def choose_rows_for_capture(
     order = sorted(range(len(response_lengths)), key=lambda row: (-response_lengths[row], row))
     chosen, used = [], 0
     for row in order:
-        if response_lengths[row] < 1 or used + total_lengths[row] > token_budget:
+        room, total = token_budget - used, total_lengths[row]
+        if response_lengths[row] < 1:
             continue
-        chosen.append(row)
-        used += total_lengths[row]
+        if total <= room:
+            take = total
+        elif room - (total - response_lengths[row]) >= PREFIX_MIN_RESPONSE_TOKENS:
+            take = room
+        else:
+            continue
+        chosen.append((row, take))
+        used += take
     return sorted(chosen)
+
+
+def truncated(sample: DrafterSample, num_tokens: int) -> DrafterSample:
+    """The first num_tokens tokens of `sample` (itself if it is not longer)."""
+    if sample.num_tokens <= num_tokens:
+        return sample
+    return DrafterSample(
+        sample.token_ids[:num_tokens], sample.hidden_states[:num_tokens], sample.response_mask[:num_tokens], sample.step
+    )
 
 
 def samples_from_batch(

@@ -226,6 +226,22 @@ def test_each_data_parallel_rank_captures_its_share_of_the_budget(model):
     assert [s.num_tokens for s in capture.pop()[0]] == [11, 7, 12]  # the same rows as one rank with BUDGET
 
 
+def test_a_sequence_longer_than_the_budget_is_captured_as_its_prefix(model, monkeypatch):
+    import verl_tlt.drafter.capture as capture_module
+
+    monkeypatch.setattr(capture_module, "PREFIX_MIN_RESPONSE_TOKENS", 2)  # the test rows are tiny
+    engine, capture, infer_batch = install(model, "packed", micro_batch_size=2)
+    data = make_batch()
+    longest = max(range(len(ROWS)), key=lambda row: len(ROWS[row][1]))
+    prefix = len(data["input_ids"].unbind()[longest]) - 3
+    capture.arm(step=1, token_budget=prefix)
+    infer_batch(data)
+    (sample,) = capture.pop()[0]
+    assert sample.token_ids.tolist() == data["input_ids"].unbind()[longest][:prefix].tolist()
+    assert torch.equal(sample.hidden_states, seen_rows(engine, data, 2)[longest][:prefix])
+    assert sample.response_mask.tolist() == expected_mask(longest)[:prefix]
+
+
 def test_ulysses_sequence_parallelism_turns_capture_off(model):
     engine = FakeEngine(model)
     engine.use_ulysses_sp = True

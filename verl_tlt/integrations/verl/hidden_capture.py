@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from verl_tlt.drafter.capture import choose_rows_for_capture, samples_from_packed
+from verl_tlt.drafter.capture import choose_rows_for_capture, samples_from_packed, truncated
 from verl_tlt.drafter.data import DrafterSample
 
 logger = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ class HiddenStateCapture:
         self._forward_step = engine.forward_step
         engine.forward_step = self._capturing_forward_step
         self._armed: tuple[int, int] | None = None  # (RL step, token budget of this rank)
-        self._wanted: dict[int, int] = {}  # sequence key -> how many copies still to capture
+        self._wanted: dict[int, list[int]] = {}  # sequence key -> tokens to keep of each copy still to capture
         self.samples: list[DrafterSample] = []
         self.seconds = 0.0
 
@@ -102,11 +102,11 @@ class HiddenStateCapture:
         offsets = input_ids.offsets().tolist()
         totals = input_ids.offsets().diff().tolist()
         responses = response_mask.offsets().diff().tolist()
-        rows = choose_rows_for_capture(responses, totals, self._armed[1])
+        chosen = choose_rows_for_capture(responses, totals, self._armed[1])
         values = input_ids.values()
-        for row in rows:
+        for row, keep in chosen:
             key = _sequence_key(values[offsets[row] : offsets[row + 1]])
-            self._wanted[key] = self._wanted.get(key, 0) + 1
+            self._wanted.setdefault(key, []).append(keep)
         self.seconds += time.perf_counter() - begin
 
     def _capturing_forward_step(self, micro_batch, *args, **kwargs):
@@ -136,11 +136,11 @@ class HiddenStateCapture:
         input_ids, response_mask = micro_batch["input_ids"], micro_batch["response_mask"]
         offsets = input_ids.offsets().tolist()
         values = input_ids.values()
-        rows = []
+        rows, keeps = [], []
         for row in range(len(offsets) - 1):
             key = _sequence_key(values[offsets[row] : offsets[row + 1]])
-            if self._wanted.get(key, 0) > 0:
-                self._wanted[key] -= 1
+            if self._wanted.get(key):
+                keeps.append(self._wanted[key].pop())
                 rows.append(row)
         if not rows:  # nothing of this micro-batch was chosen: copy nothing
             return
@@ -154,4 +154,5 @@ class HiddenStateCapture:
             logger.warning("TLT capture: unexpected hidden-state shape %s; skipped", tuple(hidden.shape))
             return
         responses = response_mask.unbind()
-        self.samples += samples_from_packed(values, packed, offsets, responses, rows, self._armed[0])
+        samples = samples_from_packed(values, packed, offsets, responses, rows, self._armed[0])
+        self.samples += [truncated(sample, keep) for sample, keep in zip(samples, keeps, strict=True)]
