@@ -77,7 +77,7 @@ class EagleInferenceForward:
             self._param_list = self._params()
         versions = tuple(p._version for p in self._param_list if p is not None)
         if self._layouts is None or self._layouts.versions != versions:
-            self._layouts = self._build(versions)
+            self._layouts = self._build(self._param_list, versions)
 
     def __call__(
         self,
@@ -167,8 +167,8 @@ class EagleInferenceForward:
         ]
 
     @torch.no_grad()
-    def _build(self, versions: tuple[int, ...]) -> _Layouts:
-        fc, qkv, qkv_bias, o, o_bias, gate_up, down = (p.detach() if p is not None else None for p in self._params())
+    def _build(self, params: list[torch.Tensor | None], versions: tuple[int, ...]) -> _Layouts:
+        fc, qkv, qkv_bias, o, o_bias, gate_up, down = (p.detach() if p is not None else None for p in params)
         qkv_t = qkv.t()
         if self.fold_rotation:
             heads = self.num_heads + self.num_kv_heads
