@@ -10,7 +10,6 @@ usable, so a broken drafter cannot stop the RL run.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -145,7 +144,3 @@ class SpotTrainer:
 
     def _snapshot(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().to("cpu", copy=True) for k, v in self.trainer.model.state_dict().items()}
-
-
-def _finite(value: float) -> bool:
-    return math.isfinite(float(value))
