@@ -22,7 +22,7 @@ step() {  # step NAME SECONDS COMMAND...
 }
 
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
-step gpu_tests 150 "$python" -m pytest -q -m gpu tests/engine/test_engine_cuda.py
+step gpu_tests 150 "$python" -m pytest -q -m gpu tests/engine/test_engine_cuda.py tests/engine/test_eagle_inference.py
 step sd_graphs 120 "$python" -m verl_tlt.cli bench sd --device cuda --cuda-graphs --strategies 4_1_4 2_1_2 \
     --acceptance-prompts 8 --json "$out/sd_graphs.json"
 step sd_plain 120 "$python" -m verl_tlt.cli bench sd --device cuda --strategies 4_1_4 2_1_2 \

@@ -146,3 +146,31 @@ def test_new_weights_are_used_after_refresh(drafter):
         torch.testing.assert_close(actual[0], reference[0], rtol=1e-5, atol=1e-5)
     finally:
         drafter.load_state_dict(original)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_forward_equals_the_model_on_cuda(drafter, dtype):
+    """The engine's SD tests on CUDA check losslessness, which holds for any drafter; this checks the drafter."""
+    import copy
+
+    model = copy.deepcopy(drafter)
+    model.target.to(device="cuda", dtype=dtype)
+    model.to(device="cuda", dtype=dtype)
+    tokens, hidden, positions, mask = (t.cuda() for t in step_inputs(model, 3, 4))
+    hidden = hidden.to(dtype)
+    cos, sin = model.target.rotary_tables(positions, dtype, max_position=KV_LEN)
+    spec = model.spec
+    k_ref = torch.zeros(3, spec.num_kv_heads, KV_LEN, spec.head_dim, device="cuda", dtype=dtype)
+    v_ref = torch.zeros_like(k_ref)
+    k_new, v_new = k_ref.clone(), v_ref.clone()
+    batch = AttentionBatch(row_start=0, write_pos=positions, attn_mask=mask, cos=cos, sin=sin, kv_len=KV_LEN)
+    with torch.inference_mode():
+        expected = model(tokens, hidden, batch, k_ref, v_ref)
+        actual = EagleInferenceForward(model)(tokens, hidden, positions, mask, KV_LEN, cos, sin, k_new, v_new)
+    for got, want in ((actual, expected), (k_new, k_ref)):
+        if dtype == torch.float32:
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        else:  # bf16 keeps 8 bits: a differently ordered sum moves single elements by an ulp; compare the whole
+            error = (got.float() - want.float()).norm() / want.float().norm()
+            assert error < 1e-2, error
