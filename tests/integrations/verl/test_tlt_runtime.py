@@ -62,6 +62,13 @@ class FakeServer:
 class FakePool:
     def __init__(self, version: int = 3, saved: bool = True):
         self.version, self.saved, self.saves = version, saved, []
+        self.available, self.calls = True, []
+
+    def update_target_weights(self, named):
+        self.calls.append(("targets", dict(named)))
+
+    def score_and_add(self, samples):
+        self.calls.append(("score_and_add", len(samples)))
 
     def latest_weights(self):
         return self.version, {"w": self.version}
@@ -116,3 +123,17 @@ def test_min_idle_replicas_that_can_never_be_reached_fail_at_start(monkeypatch):
     actor_wg = SimpleNamespace(tlt_install_capture=lambda: [True])
     with pytest.raises(ValueError, match=r"set tlt.drafter.min_idle_replicas <= 1"):
         runtime.setup(replicas, actor_wg, target_path="unused")
+
+
+def test_after_a_resume_the_workers_get_the_policys_shared_weights_before_scoring(runtime):
+    """Workers build their target from model.path; resumed, the first step's drafter scores need the policy's."""
+    server = FakeServer()
+    server.target_shared_weights = Remote(lambda: {"model.embed_tokens.weight": "policy"})
+    runtime.servers = [server]
+    sample = SimpleNamespace(num_tokens=5)
+    runtime.actor_wg = SimpleNamespace(tlt_pop_captured=lambda: [([sample], {"seconds": 0.01})])
+    runtime._worker_targets_stale = True  # what setup sets after restoring a checkpoint
+    runtime.collect_capture()
+    assert runtime.pool.calls == [("targets", {"model.embed_tokens.weight": "policy"}), ("score_and_add", 1)]
+    runtime.collect_capture()  # once only: afterwards on_step_end keeps them current
+    assert runtime.pool.calls[-1] == ("score_and_add", 1) and len(runtime.pool.calls) == 3

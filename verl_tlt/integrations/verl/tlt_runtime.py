@@ -57,6 +57,9 @@ class TLTRuntime:
         self.pushed_version: int | None = None
         self._pending_save: tuple[Path, dict] | None = None  # (drafter folder, meta) of a checkpoint being written
         self._spot_watched = False  # whether the coordinator watches the current rollout
+        # The drafter workers build their target (embedding, LM head) from model.path; after a resume that is not
+        # the policy, so the first capture pushes the replicas' weights before the drafters are scored.
+        self._worker_targets_stale = False
         self.resume_dir: Path | None = None
         self._drain_calls: list[Any] = []
 
@@ -87,6 +90,7 @@ class TLTRuntime:
         )
         if self.resume_dir is not None:
             self._restore(self.resume_dir)
+            self._worker_targets_stale = True
         self.push_drafter(force=True)
         if len(self.servers) < 2 and self.tlt.drafter.train:
             logger.warning(
@@ -172,6 +176,8 @@ class TLTRuntime:
         begin = time.perf_counter()
         results = self.actor_wg.tlt_pop_captured()
         samples = [s for rank_samples, _ in results for s in rank_samples]
+        if self._worker_targets_stale:  # the rollout just used the policy's weights: the replicas hold them
+            self._push_target_weights()
         # The owner first scores the online and the initial drafter on these fresh samples (the drift a frozen
         # drafter would suffer, measured on the same data), then every worker stores them; both run on the
         # workers while verl updates the actor, and are collected in on_step_end.
@@ -195,8 +201,7 @@ class TLTRuntime:
         for key, value in scores.items():
             self.metrics[f"tlt/drafter/eval_{key}"] = float(value)
         if self.tlt.drafter.train and self.pool.available:
-            shared = ray.get(self.servers[0].target_shared_weights.remote())
-            self.pool.update_target_weights(shared)
+            self._push_target_weights()
         status = self.pool.status() or {}
         if step % self.tlt.drafter.sync_every == 0:
             self.push_drafter(owner_version=status.get("version"))
@@ -215,6 +220,12 @@ class TLTRuntime:
         for key in ("loss", "hidden_loss", "logit_loss", "top1_accuracy"):
             if key in last:
                 self.metrics[f"tlt/drafter/{key}"] = float(last[key])
+
+    def _push_target_weights(self) -> None:
+        """The policy's embedding and LM head (shared with the drafter) from a replica to every drafter worker."""
+        shared = ray.get(self.servers[0].target_shared_weights.remote())
+        self.pool.update_target_weights(shared)
+        self._worker_targets_stale = False
 
     def push_drafter(self, force: bool = False, owner_version: int | None = None) -> bool:
         """Load the newest drafter into every replica if its version changed; True if it was pushed.
