@@ -56,11 +56,7 @@ def choose_rows_for_capture(
 
 def truncated(sample: DrafterSample, num_tokens: int) -> DrafterSample:
     """The first num_tokens tokens of `sample` (itself if it is not longer)."""
-    if sample.num_tokens <= num_tokens:
-        return sample
-    return DrafterSample(
-        sample.token_ids[:num_tokens], sample.hidden_states[:num_tokens], sample.response_mask[:num_tokens], sample.step
-    )
+    return sample if sample.num_tokens <= num_tokens else sample.window(0, num_tokens)
 
 
 def samples_from_batch(

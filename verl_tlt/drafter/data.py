@@ -47,6 +47,12 @@ class DrafterSample:
     def num_loss_pairs(self) -> int:
         return int(self.response_mask[1:].sum())
 
+    def window(self, start: int, end: int) -> DrafterSample:
+        """Tokens [start, end) with their hidden states and mask entries (views, not copies)."""
+        return DrafterSample(
+            self.token_ids[start:end], self.hidden_states[start:end], self.response_mask[start:end], self.step
+        )
+
 
 def sample_from_padded_row(
     input_ids: torch.Tensor,
@@ -244,20 +250,11 @@ def windows(sample: DrafterSample, max_tokens: int) -> list[DrafterSample]:
     for start in range(0, sample.num_tokens - 1, max_tokens - 1):
         end = min(start + max_tokens, sample.num_tokens)
         if bool(sample.response_mask[start + 1 : end].any()):
-            pieces.append(
-                DrafterSample(
-                    sample.token_ids[start:end],
-                    sample.hidden_states[start:end],
-                    sample.response_mask[start:end],
-                    sample.step,
-                )
-            )
+            pieces.append(sample.window(start, end))
     return pieces
 
 
 def _window(sample: DrafterSample, max_tokens: int, times_used: int) -> DrafterSample:
     """A sample that fits the batch: itself, or one window of it (successive uses walk through the windows)."""
-    if sample.num_tokens <= max_tokens:
-        return sample
     pieces = windows(sample, max_tokens)  # never empty: the buffer only holds samples with a loss pair
     return pieces[times_used % len(pieces)]

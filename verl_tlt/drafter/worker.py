@@ -156,8 +156,8 @@ class DrafterWorker:
         """Finish the checkpoint `save` started; False if it failed (logged; the previous checkpoint is kept)."""
         try:
             self.spot.trainer.wait_for_save()
-        except RuntimeError:
-            logger.exception("Drafter checkpoint failed; the worker keeps training from its state in memory")
+        except RuntimeError as error:  # the save thread has logged the traceback
+            logger.warning("%s; the worker keeps training from its state in memory", error)
             return False
         return True
 

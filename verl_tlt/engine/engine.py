@@ -163,6 +163,10 @@ class RolloutEngine:
 
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None = None) -> str:
         self._check_prompt(prompt_ids)
+        return self._enqueue(prompt_ids, params, request_id)
+
+    def _enqueue(self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None = None) -> str:
+        """Queue a prompt that `_check_prompt` has passed."""
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         generator = None
         if params.seed is not None:
@@ -182,8 +186,8 @@ class RolloutEngine:
                 f"{self.max_model_len}"
             )
         vocab_size = self.model.spec.vocab_size
-        bad = [int(t) for t in prompt_ids if not 0 <= int(t) < vocab_size]
-        if bad:  # an out-of-range id would fail the whole batch's prefill (a device assert on CUDA)
+        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab_size:  # would fail the whole batch's prefill
+            bad = [int(t) for t in prompt_ids if not 0 <= int(t) < vocab_size]
             raise ValueError(f"Prompt token ids {bad[:5]} are outside the model's vocabulary [0, {vocab_size})")
 
     def abort(self, request_id: str) -> None:
@@ -233,7 +237,7 @@ class RolloutEngine:
             raise ValueError(f"Got {len(prompts)} prompts but {len(params_list)} SamplingParams")
         for prompt in prompts:  # all checked before any is queued: a bad one must not leave the others behind
             self._check_prompt(prompt)
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params_list, strict=True)]
+        ids = [self._enqueue(p, sp) for p, sp in zip(prompts, params_list, strict=True)]
         done: dict[str, CompletionOutput] = {}
         while len(done) < len(ids):
             for output in self.step(spec):

@@ -34,11 +34,11 @@ from verl_tlt.integrations.verl.rollout_trace import rollout_summary
 from verl_tlt.metrics.long_tail import long_tail_metrics
 
 logger = logging.getLogger(__name__)
+# Like verl's own modules: INFO unless VERL_LOGGING_LEVEL says otherwise, so TLT's progress shows in the run log.
+logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
 
 # Loading a drafter into a replica is a state-dict copy; a replica that takes longer than this is treated as failed.
 DRAFTER_SYNC_TIMEOUT_S = 300.0
-# Like verl's own modules: INFO unless VERL_LOGGING_LEVEL says otherwise, so TLT's progress shows in the run log.
-logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
 
 CHECKPOINT_DIR = "tlt_drafter"
 SPOT_CHECKPOINT_DIR = "tlt_spot"
@@ -84,7 +84,7 @@ class TLTRuntime:
                 f"set tlt.drafter.min_idle_replicas <= {replicas_count - 1}"
             )
         self.pool = DrafterPool(self._make_workers(target_path))
-        schedule = SpotSchedule(len(self.servers), min(self.tlt.drafter.min_idle_replicas, len(self.servers)))
+        schedule = SpotSchedule(replicas_count, min(min_idle, replicas_count))
         self.coordinator = SpotCoordinator(
             self._in_flight, self.pool, schedule, poll_interval_s=self.tlt.drafter.poll_interval_s
         )
