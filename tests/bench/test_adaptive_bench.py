@@ -7,6 +7,7 @@ from tests.engine.drafters import HFModelDrafter
 from verl_tlt.bench.adaptive_bench import (
     _FixedBelowThreshold,
     above_threshold_groups,
+    fastest_steps,
     timed_run,
     worst_above_threshold_ratio,
 )
@@ -34,23 +35,32 @@ def test_worst_above_threshold_ratio_groups_batch_sizes_and_needs_enough_steps()
     assert worst_above_threshold_ratio({40: [1.0]}, {40: [2.0]}, threshold=32) is None  # too few steps
     groups = above_threshold_groups(plain, adaptive, threshold=32)
     assert list(groups) == ["32-63", "64-127"]  # batch 8 is below the threshold
-    assert groups["32-63"] == {"steps": 10, "plain_median_ms": 1000.0, "adaptive_median_ms": 1100.0, "ratio": 0.909}
+    assert groups["32-63"] == {"steps": 10, "plain_step_ms": 1000.0, "adaptive_step_ms": 1100.0, "ratio": 0.909}
 
 
-def test_groups_compare_medians_so_a_few_slow_steps_do_not_decide():
-    plain = {40: [1.0] * 9 + [3.0]}
-    adaptive = {40: [1.0] * 8 + [4.0, 4.0]}  # two stalls; the typical step is as fast as plain's
-    assert worst_above_threshold_ratio(plain, adaptive, threshold=32) == 1.0
-    slower = {40: [1.2] * 10}  # every step slower: the median shows it
+def test_groups_compare_the_steps_both_runs_have():
+    plain = {40: [1.0] * 6, 41: [1.0] * 2}
+    adaptive = {40: [1.0] * 5, 41: [1.5] * 2, 42: [9.0] * 3}  # batch 42 has no plain steps to pair with
+    groups = above_threshold_groups(plain, adaptive, threshold=32)
+    assert groups["32-63"]["steps"] == 7 and groups["32-63"]["ratio"] == round(7.0 / 8.0, 3)
+
+
+def test_fastest_steps_pairs_steps_across_runs_so_stalls_drop_out_but_slow_steps_stay():
+    runs = [{40: [1.0, 5.0, 1.0], 8: [2.0]}, {40: [4.0, 1.0, 1.0]}, {40: [1.0, 1.0, 1.0, 7.0], 8: [1.0]}]
+    assert fastest_steps(runs) == {40: [1.0, 1.0, 1.0]}  # only steps that every run has (not batch 8, not a 4th)
+    plain = fastest_steps([{40: [1.0] * 6}, {40: [1.0] * 5 + [3.0]}])
+    stalls = fastest_steps([{40: [1.0, 4.0] * 3}, {40: [4.0, 1.0] * 3}])  # a stall at a different step each run
+    slower = fastest_steps([{40: [1.2] * 6}, {40: [1.25] * 6}])  # every step slower in every run
+    assert worst_above_threshold_ratio(plain, stalls, threshold=32) == 1.0
     assert worst_above_threshold_ratio(plain, slower, threshold=32) == round(1.0 / 1.2, 3)
 
 
-def test_interleaved_best_takes_turns_keeps_the_fastest_run_and_pools_steps():
+def test_interleaved_best_takes_turns_keeps_the_fastest_run_and_each_steps_fastest_time():
     from verl_tlt.bench.adaptive_bench import interleaved_best
 
     order = []
     timings = {
-        "a": iter([(2.0, "a-slow", {40: [1.0, 1.0]}, {"n": 1}), (1.0, "a-fast", {40: [0.5], 20: [0.1]}, {"n": 2})])
+        "a": iter([(2.0, "a-slow", {40: [1.0, 2.0]}, {"n": 1}), (1.0, "a-fast", {40: [1.5, 0.5], 20: [0.1]}, {"n": 2})])
     }
     timings["b"] = iter([(3.0, "b1", {}, {}), (4.0, "b2", {}, {})])
 
@@ -63,5 +73,5 @@ def test_interleaved_best_takes_turns_keeps_the_fastest_run_and_pools_steps():
 
     best = interleaved_best(2, {"a": variant("a"), "b": variant("b")})
     assert order == ["a", "b", "a", "b"]  # round-robin, so drift of the machine hits both alike
-    assert best["a"] == (1.0, "a-fast", {40: [1.0, 1.0, 0.5], 20: [0.1]}, {"n": 2})
+    assert best["a"] == (1.0, "a-fast", {40: [1.0, 0.5]}, {"n": 2})  # batch 20: not in every run
     assert best["b"][:2] == (3.0, "b1")

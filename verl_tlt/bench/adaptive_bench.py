@@ -9,15 +9,15 @@ candidate strategy, that strategy at every decode step with at most `threshold` 
 like the policy); and the adaptive policy (`tlt.speculative` defaults unless overridden). In RL the policy lives as
 long as the engine and keeps learning across rollouts, so the headline adaptive run uses a policy that has already
 seen one rollout ("warm"); the first rollout of a fresh policy is reported too ("cold"). Each run is timed best of
-`repeats`, the variants taking turns. Decode step times are grouped by batch size (powers of two) to compare
-adaptive with plain above the threshold, where both decode plainly and the policy's bookkeeping is the only
-difference (median step times per group, pooled over the repeats). Ratios from one run of the command.
+`repeats`, the variants taking turns. Above the threshold adaptive and plain decode the same batches plainly, step
+for step, and the policy's bookkeeping is the only difference; there each decode step's fastest time over the
+repeats is compared (step k of a batch size in one run does the same work as step k in another), grouped by batch
+size (powers of two). Ratios from one run of the command.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -75,8 +75,8 @@ def timed_run(engine: RolloutEngine, prompts, params, policy) -> tuple[float, li
 
 def interleaved_best(repeats: int, variants: dict[str, Callable[[], tuple]]) -> dict[str, tuple]:
     """Each variant's fastest of `repeats` timed runs, taken round-robin (one run of every variant per round) so
-    that slow drift of a shared machine falls on all variants alike; a variant's step times are pooled over all
-    its runs (more steps per batch-size group for the comparison above the threshold)."""
+    that slow drift of a shared machine falls on all variants alike; a variant's step times become each step's
+    fastest over its runs (`fastest_steps`)."""
     results: dict[str, list[tuple]] = {name: [] for name in variants}
     for _ in range(repeats):
         for name, run in variants.items():
@@ -84,47 +84,63 @@ def interleaved_best(repeats: int, variants: dict[str, Callable[[], tuple]]) -> 
     best = {}
     for name, runs in results.items():
         seconds, outputs, _, stats = min(runs, key=lambda r: r[0])
-        pooled: dict[int, list[float]] = defaultdict(list)
-        for _, _, steps, _ in runs:
-            for batch_size, times in steps.items():
-                pooled[batch_size].extend(times)
-        best[name] = (seconds, outputs, dict(pooled), stats)
+        best[name] = (seconds, outputs, fastest_steps([steps for _, _, steps, _ in runs]), stats)
     return best
 
 
-def above_threshold_groups(plain_steps, adaptive_steps, threshold: int, min_steps: int = 5) -> dict[str, dict]:
-    """Plain vs adaptive decode step times above the threshold, by batch-size group (powers of two).
+def fastest_steps(runs: list[dict[int, list[float]]]) -> dict[int, list[float]]:
+    """The k-th decode step at each batch size: its fastest time over `runs` (steps every run has).
 
-    Both runs decode plainly there; only the policy's bookkeeping differs. Each group compares median step
-    times: a few slow steps (this machine's other processes, garbage collection) move a 20-step mean by
-    several percent in either direction, the median far less, while a policy that slowed every step down would
-    move both. Groups with fewer than min_steps steps in either run are left out.
+    Meaningful where the runs do the same work step for step (greedy, same policy), as above the threshold: a
+    stall of this shared machine rarely hits the same step in every run, so the minimum is close to the step's
+    own cost, while a slowdown of every step (a policy's overhead) stays in it.
+    """
+    fastest = {}
+    for batch_size in set().union(*runs):
+        series = [steps.get(batch_size, []) for steps in runs]
+        count = min(len(times) for times in series)
+        if count:
+            fastest[batch_size] = [min(times[k] for times in series) for k in range(count)]
+    return fastest
+
+
+def above_threshold_groups(plain_steps, adaptive_steps, threshold: int, min_steps: int = 5) -> dict[str, dict]:
+    """Plain vs adaptive decode time above the threshold, by batch-size group (powers of two).
+
+    Both runs decode the same batches plainly there, so step k of a batch size in one is step k in the other;
+    each group compares the summed times of the steps both have (per-step fastest times from `fastest_steps`).
+    Groups with fewer than min_steps such steps are left out.
     """
 
     def grouped(steps):
         groups = defaultdict(list)
         for batch_size, times in steps.items():
             if batch_size > threshold:
-                groups[batch_size.bit_length()].extend(times)
+                groups[batch_size.bit_length()].append(batch_size)
         return groups
 
-    plain, adaptive = grouped(plain_steps), grouped(adaptive_steps)
     result = {}
-    for group in sorted(adaptive):
-        if len(adaptive[group]) < min_steps or len(plain.get(group, [])) < min_steps:
+    for group, sizes in sorted(grouped(adaptive_steps).items()):
+        plain_s = adaptive_s = 0.0
+        steps = 0
+        for batch_size in sizes:
+            pairs = list(zip(plain_steps.get(batch_size, []), adaptive_steps[batch_size], strict=False))
+            plain_s += sum(p for p, _ in pairs)
+            adaptive_s += sum(a for _, a in pairs)
+            steps += len(pairs)
+        if steps < min_steps:
             continue
-        plain_ms, adaptive_ms = (1000 * statistics.median(times) for times in (plain[group], adaptive[group]))
         result[f"{2 ** (group - 1)}-{2**group - 1}"] = {
-            "steps": len(adaptive[group]),
-            "plain_median_ms": round(plain_ms, 3),
-            "adaptive_median_ms": round(adaptive_ms, 3),
-            "ratio": round(plain_ms / adaptive_ms, 3),
+            "steps": steps,
+            "plain_step_ms": round(1000 * plain_s / steps, 3),
+            "adaptive_step_ms": round(1000 * adaptive_s / steps, 3),
+            "ratio": round(plain_s / adaptive_s, 3),
         }
     return result
 
 
 def worst_above_threshold_ratio(plain_steps, adaptive_steps, threshold: int, min_steps: int = 5) -> float | None:
-    """Worst (lowest) plain / adaptive median step time over the groups of `above_threshold_groups`."""
+    """Worst (lowest) plain / adaptive time ratio over the groups of `above_threshold_groups`."""
     groups = above_threshold_groups(plain_steps, adaptive_steps, threshold, min_steps)
     return min(group["ratio"] for group in groups.values()) if groups else None
 
