@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from verl_tlt.engine.adaptive import PLAIN, AdaptiveConfig, AdaptivePolicy
+from verl_tlt.engine.adaptive import PLAIN, STALE_FACTOR, AdaptiveConfig, AdaptivePolicy
 
 STRATEGIES = ("8_4_16", "6_4_8", "4_1_4")
 # Synthetic environment: per-request tokens/s of each arm in each bucket (the best arm differs per bucket). Plain
@@ -18,13 +18,16 @@ TRUE_RATES = {
 }
 
 
-def play(policy: AdaptivePolicy, batch_size: int, steps: int, rng: random.Random, noise: float = 0.15) -> list[str]:
+def play(
+    policy: AdaptivePolicy, batch_size: int, steps: int, rng: random.Random, noise: float = 0.15, rates=None
+) -> list[str]:
     chosen = []
     bucket = policy.bucket_of(batch_size)
+    rates = rates or TRUE_RATES[bucket]
     for _ in range(steps):
         strategy = policy.select(batch_size)
         name = PLAIN if strategy is None else strategy.name
-        rate = TRUE_RATES[bucket][name] * (1 + noise * rng.gauss(0, 1))
+        rate = rates[name] * (1 + noise * rng.gauss(0, 1))
         seconds = 0.01
         policy.observe(
             strategy, batch_size, committed_tokens=int(rate * seconds * batch_size * 1000), seconds=seconds * 1000
@@ -55,11 +58,18 @@ def test_bandit_converges_to_the_best_arm_of_each_bucket(batch_size, best):
     assert later.count(best) / len(later) >= 0.85
 
 
-def test_bandit_keeps_exploring_every_arm():
-    policy = AdaptivePolicy(config(epsilon=0.2, min_dwell_steps=0))
-    play(policy, 5, 300, random.Random(0))
-    plays = {name: arm.plays for name, arm in policy.arms[4].items()}
-    assert all(count >= 10 for count in plays.values()), plays
+def test_bandit_explores_close_arms_and_replays_a_clearly_slower_one_only_when_stale():
+    # 4_1_4 is within CONTENDER_MARGIN of the best, 8_4_16 at half its rate is not: epsilon keeps trying the close
+    # arm, while the slow one is replayed once per STALE_FACTOR x window plays of the bucket (after its forced plays).
+    rates = {"6_4_8": 20.0, "4_1_4": 19.0, "8_4_16": 10.0}
+    policy = AdaptivePolicy(config(epsilon=0.2, min_dwell_steps=0, window=8))
+    chosen = play(policy, 5, 400, random.Random(0), noise=0.02, rates=rates)
+    stale_period = STALE_FACTOR * 8
+    assert chosen.count("4_1_4") >= 0.2 * 400 / 2 * 0.6  # about half the exploration goes to the close arm
+    expected_slow = policy.config.min_samples + (400 - 3 * policy.config.min_samples) // stale_period
+    assert abs(chosen.count("8_4_16") - expected_slow) <= 1
+    gaps = [b - a for a, b in zip(*[[i for i, name in enumerate(chosen) if name == "8_4_16"][k:] for k in (0, 1)])]
+    assert max(gaps) <= stale_period + 1  # never left out much longer than the stale period either
 
 
 def test_one_arm_per_bucket_still_works():
