@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from tests.engine.conftest import build_tiny_model
 from tests.engine.drafters import HFModelDrafter
 from verl_tlt.bench.adaptive_bench import (
@@ -26,6 +28,23 @@ def test_timed_run_records_steps_per_batch_size_and_restores_the_engine(tmp_path
     assert engine.policy is None and "_decode_step" not in vars(engine)  # instrumentation removed
     assert stats["steps_sd"] > 0 and stats["steps_plain"] > 0  # SD only at <= 2 running
     assert stats["tokens_plain"] + stats["tokens_sd"] == sum(len(o.token_ids) for o in outputs) - len(prompts)
+    assert stats["policy_seconds_above_threshold"] > 0  # steps at 6 and 4 running asked the policy
+
+
+def test_timed_run_times_the_policy_calls_above_its_threshold_only(tmp_path):
+    hf_model = build_tiny_model("qwen2", tmp_path, weight_std=0.2)
+    engine = RolloutEngine.from_pretrained(str(tmp_path), drafter=HFModelDrafter(hf_model), max_num_seqs=8)
+    prompts = [[5 + i, 6 + i] for i in range(4)]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+
+    class SlowPolicy(_FixedBelowThreshold):
+        def select(self, batch_size):
+            time.sleep(0.01)
+            return super().select(batch_size)
+
+    _, _, _, above = timed_run(engine, prompts, params, SlowPolicy("3_1_3", threshold=2))  # 4 running: all above
+    _, _, _, below = timed_run(engine, prompts, params, SlowPolicy("3_1_3", threshold=8))  # all at or below
+    assert above["policy_seconds_above_threshold"] >= 0.01 * 5 and below["policy_seconds_above_threshold"] == 0.0
 
 
 def test_worst_above_threshold_ratio_groups_batch_sizes_and_needs_enough_steps():
@@ -62,7 +81,8 @@ def test_interleaved_best_takes_turns_keeps_the_fastest_run_and_each_steps_faste
     timings = {
         "a": iter([(2.0, "a-slow", {40: [1.0, 2.0]}, {"n": 1}), (1.0, "a-fast", {40: [1.5, 0.5], 20: [0.1]}, {"n": 2})])
     }
-    timings["b"] = iter([(3.0, "b1", {}, {}), (4.0, "b2", {}, {})])
+    timings["b"] = iter([(3.0, "b1", {}, {}), (4.0, "b2", {}, {}), (5.0, "b3", {}, {})])
+    timings["a"] = iter([*timings["a"], (3.0, "a3", {40: [2.0, 2.0]}, {})])
 
     def variant(name):
         def run():
@@ -71,7 +91,7 @@ def test_interleaved_best_takes_turns_keeps_the_fastest_run_and_each_steps_faste
 
         return run
 
-    best = interleaved_best(2, {"a": variant("a"), "b": variant("b")})
-    assert order == ["a", "b", "a", "b"]  # round-robin, so drift of the machine hits both alike
+    best = interleaved_best(3, {"a": variant("a"), "b": variant("b")})
+    assert order == ["a", "b", "b", "a", "a", "b"]  # round-robin, each round starting one later: drift hits both alike
     assert best["a"] == (1.0, "a-fast", {40: [1.0, 0.5]}, {"n": 2})  # batch 20: not in every run
     assert best["b"][:2] == (3.0, "b1")

@@ -68,7 +68,8 @@ def test_bandit_explores_close_arms_and_replays_a_clearly_slower_one_only_when_s
     assert chosen.count("4_1_4") >= 0.2 * 400 / 2 * 0.6  # about half the exploration goes to the close arm
     expected_slow = policy.config.min_samples + (400 - 3 * policy.config.min_samples) // stale_period
     assert abs(chosen.count("8_4_16") - expected_slow) <= 1
-    gaps = [b - a for a, b in zip(*[[i for i, name in enumerate(chosen) if name == "8_4_16"][k:] for k in (0, 1)])]
+    slow_steps = [i for i, name in enumerate(chosen) if name == "8_4_16"]
+    gaps = [b - a for a, b in zip(slow_steps, slow_steps[1:], strict=False)]
     assert max(gaps) <= stale_period + 1  # never left out much longer than the stale period either
 
 

@@ -194,7 +194,8 @@ class AdaptivePolicy:
         same = [name for name in arms if (name == PLAIN) == (self.mode == PLAIN)]
         # Right after a probe the greedy choice decides whether to stay, so probes stay short.
         if same and not self._in_probe_mode:
-            stale = [name for name in same if self.bucket_plays[bucket] - arms[name].last_play >= STALE_FACTOR * self.config.window]
+            stale_after = STALE_FACTOR * self.config.window
+            stale = [name for name in same if self.bucket_plays[bucket] - arms[name].last_play >= stale_after]
             if stale:
                 return stale[0], False
             if draw < self.config.probe_rate + self.config.epsilon:
