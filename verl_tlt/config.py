@@ -62,7 +62,8 @@ class SpeculativeConfig:
         default=0.1,
         metadata={
             "help": "Exploration rate of the epsilon-greedy bandits among the arms of the current mode (the SD "
-            "strategies while speculating; switching between them is free)."
+            "strategies while speculating; switching between them is free) whose rate is within 10% of the best; "
+            "an arm further behind is replayed only after sitting out 4 windows of its bucket's steps."
         },
     )
     probe_rate: float = field(

@@ -12,7 +12,10 @@ seen one rollout ("warm"); the first rollout of a fresh policy is reported too (
 `repeats`, the variants taking turns. Above the threshold adaptive and plain decode the same batches plainly, step
 for step, and the policy's bookkeeping is the only difference; there each decode step's fastest time over the
 repeats is compared (step k of a batch size in one run does the same work as step k in another), grouped by batch
-size (powers of two). Ratios from one run of the command.
+size (powers of two). On a shared machine that comparison is noisy, so two more numbers frame it: the share of
+that time spent in the policy's own calls (`policy_share_above_threshold`, what the policy can cost there), and the
+same comparison for each fixed strategy, which runs plain's code there (`fixed_vs_plain_above_threshold`, the
+noise alone). Ratios from one run of the command.
 """
 
 from __future__ import annotations
@@ -235,6 +238,16 @@ def run(
     adaptive_s, _, adaptive_steps, adaptive_stats = best["adaptive"]
     best_fixed = min(config.strategies, key=lambda s: runs[s]["seconds"])
     above_s = sum(sum(times) for batch_size, times in adaptive_steps.items() if batch_size > config.threshold)
+    # The negative control: a fixed strategy runs exactly plain's code above the threshold, so how far its group
+    # ratios stray from 1.0 is what this machine's noise alone does to the comparison.
+    control = {
+        strategy: {
+            group: values["ratio"]
+            for group, values in above_threshold_groups(plain_steps, best[strategy][2], config.threshold).items()
+        }
+        for strategy in config.strategies
+    }
+    control_ratios = [ratio for groups in control.values() for ratio in groups.values()]
     policy_share = round(adaptive_stats["policy_seconds_above_threshold"] / above_s, 5) if above_s else None
     result = {
         "benchmark": "adaptive",
@@ -256,6 +269,7 @@ def run(
         "worst_above_threshold_vs_plain": worst_above_threshold_ratio(plain_steps, adaptive_steps, config.threshold),
         "above_threshold_groups": above_threshold_groups(plain_steps, adaptive_steps, config.threshold),
         "policy_share_above_threshold": policy_share,
+        "fixed_vs_plain_above_threshold": control,
         "outputs_identical": identical,
         "adaptive_engine_stats": adaptive_stats,
         "final_policy_state": warm_policies[-1].state(),
@@ -265,7 +279,8 @@ def run(
         f"{result['adaptive_vs_plain']:.2f}x plain, "
         f"{result['adaptive_vs_best_fixed']:.2f}x best fixed ({best_fixed}); above the threshold adaptive steps "
         f"run at {result['worst_above_threshold_vs_plain']}x plain speed (worst batch size), of which the policy's "
-        f"own calls take {policy_share}; outputs identical: {identical}",
+        f"own calls take {policy_share} (fixed strategies, which run plain's code there: "
+        f"{min(control_ratios, default=None)}-{max(control_ratios, default=None)}x); outputs identical: {identical}",
         flush=True,
     )
     if json_path:
