@@ -45,10 +45,9 @@ PLAIN = "plain"
 # Share of an arm's window (its slowest steps per row) left out of its rate.
 TRIM_SHARE = 0.1
 # Epsilon explores the arms whose rate is at least (1 - CONTENDER_MARGIN) x the best of their mode; an arm further
-# behind is replayed only once it has sat out STALE_FACTOR x window plays of its bucket. Chosen on a replay of
-# measured step costs of the toy rollout (`bench adaptive`'s workload): against exploring every arm, this recovered
-# about 2% of the best fixed strategy's throughput warm and 3% cold; margins of 0.1-0.25 and factors of 4-8 did
-# about equally well, a factor of 1 lost what the margin won.
+# behind is replayed only once it has sat out STALE_FACTOR x window plays of its bucket. Chosen on an offline replay
+# of step costs recorded from `bench adaptive`'s rollout, where exploring every arm wasted a few percent on the trees;
+# margins of 0.1-0.25 and factors of 4-8 did about equally well, and a factor of 1 lost what the margin won.
 CONTENDER_MARGIN = 0.1
 STALE_FACTOR = 4
 # Speculative steps of a probe from plain mode: the first pays the drafter catch-up (not rewarded), the second is
