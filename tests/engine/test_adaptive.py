@@ -165,6 +165,8 @@ def test_same_seed_same_decisions_and_state_is_inspectable():
     state = first.state()
     assert set(state["buckets"]) == {1, 4, 16} and state["best"][4] in STRATEGIES
     assert state["buckets"][4]["6_4_8"]["plays"] > 0
+    assert state["bucket_plays"][4] == sum(arm["plays"] for arm in state["buckets"][4].values())
+    assert max(arm["last_play"] for arm in state["buckets"][4].values()) == state["bucket_plays"][4]
 
 
 @pytest.mark.parametrize(

@@ -160,9 +160,11 @@ class AdaptivePolicy:
             "mode": self.mode,
             "num_mode_switches": self.num_mode_switches,
             "num_probes": self.num_probes,
+            "bucket_plays": dict(self.bucket_plays),
             "buckets": {
                 lower: {
-                    name: {"plays": arm.plays, "rate": arm.rate() if arm.steps else None} for name, arm in arms.items()
+                    name: {"plays": arm.plays, "last_play": arm.last_play, "rate": arm.rate() if arm.steps else None}
+                    for name, arm in arms.items()
                 }
                 for lower, arms in self.arms.items()
             },
