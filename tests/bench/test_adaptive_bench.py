@@ -7,12 +7,12 @@ import time
 from tests.engine.conftest import build_tiny_model
 from tests.engine.drafters import HFModelDrafter
 from verl_tlt.bench.adaptive_bench import (
-    _FixedBelowThreshold,
     above_threshold_groups,
     fastest_steps,
     timed_run,
     worst_above_threshold_ratio,
 )
+from verl_tlt.bench.replay import FixedBelowThreshold
 from verl_tlt.engine import RolloutEngine, SamplingParams
 
 
@@ -22,7 +22,7 @@ def test_timed_run_records_steps_per_batch_size_and_restores_the_engine(tmp_path
     prompts = [[5 + i, 6 + i] for i in range(6)]
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (2, 2, 4, 4, 9, 9)]
     engine.generate(prompts[:1], params[:1])  # counters from an earlier run must not leak into the next one
-    seconds, outputs, steps, stats = timed_run(engine, prompts, params, _FixedBelowThreshold("3_1_3", threshold=2))
+    seconds, outputs, steps, stats = timed_run(engine, prompts, params, FixedBelowThreshold("3_1_3", threshold=2))
     assert seconds > 0 and [len(o.token_ids) for o in outputs] == [2, 2, 4, 4, 9, 9]
     assert set(steps) <= {6, 4, 2} and 2 in steps  # batch shrinks 6 -> 4 -> 2 as requests finish
     assert engine.policy is None and "_decode_step" not in vars(engine)  # instrumentation removed
@@ -37,7 +37,7 @@ def test_timed_run_times_the_policy_calls_above_its_threshold_only(tmp_path):
     prompts = [[5 + i, 6 + i] for i in range(4)]
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 
-    class SlowPolicy(_FixedBelowThreshold):
+    class SlowPolicy(FixedBelowThreshold):
         def select(self, batch_size):
             time.sleep(0.01)
             return super().select(batch_size)

@@ -28,30 +28,13 @@ from pathlib import Path
 
 import torch
 
+from verl_tlt.bench.replay import FixedBelowThreshold
 from verl_tlt.config import SpeculativeConfig
 from verl_tlt.engine import RolloutEngine, SamplingParams
 from verl_tlt.engine.adaptive import AdaptivePolicy
 from verl_tlt.engine.decode_stats import DecodeStats
-from verl_tlt.spec.strategy import SpecStrategy
 
 PROBLEM_SEED = 31337
-
-
-class _FixedBelowThreshold:
-    """A policy stand-in: one strategy at or below the threshold, plain above (nothing to learn)."""
-
-    def __init__(self, strategy: str, threshold: int):
-        self.strategy, self.threshold = SpecStrategy.parse(strategy), threshold
-        self.strategies = {self.strategy.name: self.strategy}  # what the engine checks a policy's strategies by
-
-    def select(self, batch_size: int) -> SpecStrategy | None:
-        return self.strategy if batch_size <= self.threshold else None
-
-    def observe(self, *args) -> None:
-        pass
-
-    def bucket_of(self, batch_size: int) -> int | None:
-        return None
 
 
 class _PolicyClock:
@@ -216,7 +199,7 @@ def run(
 
     variants = {"plain": lambda: timed_run(engine, prompts, params, None)}
     for strategy in config.strategies:
-        fixed = _FixedBelowThreshold(strategy, config.threshold)
+        fixed = FixedBelowThreshold(strategy, config.threshold)
         variants[strategy] = lambda fixed=fixed: timed_run(engine, prompts, params, fixed)
     variants["adaptive_cold"], variants["adaptive"] = cold_run, warm_run
     best = interleaved_best(repeats, variants)

@@ -67,8 +67,47 @@ def main(argv: list[str] | None = None) -> int:
     adaptive.add_argument("--cuda-graphs", action="store_true", help="RolloutEngine(cuda_graphs=True) (CUDA only)")
     adaptive.add_argument("--threshold", type=int, default=None, help="override tlt.speculative.threshold")
     adaptive.add_argument("--strategies", nargs="+", default=None, help="override tlt.speculative.strategies")
+    replay = sub.add_parser(
+        "replay", help="adaptive policy vs plain and fixed strategies on a rollout replayed from recorded step costs"
+    )
+    replay.add_argument("--json", help="write results to this path")
+    replay.add_argument("--costs", help="replay this recording (from --save-costs) instead of recording one")
+    replay.add_argument("--save-costs", help="write the recorded step costs to this path")
+    replay.add_argument("--num-requests", type=int, default=256)
+    replay.add_argument("--max-tokens", type=int, default=1024)
+    replay.add_argument("--repeats", type=int, default=2, help="recorded rollouts per strategy (plain included)")
+    replay.add_argument("--seeds", type=int, default=30, help="replays per policy, averaged")
+    replay.add_argument("--threshold", type=int, default=None, help="override tlt.speculative.threshold")
+    replay.add_argument("--strategies", nargs="+", default=None, help="override tlt.speculative.strategies")
+    replay.add_argument("--epsilon", type=float, default=None, help="override tlt.speculative.epsilon")
+    replay.add_argument("--window", type=int, default=None, help="override tlt.speculative.window")
     args = parser.parse_args(argv)
-    if args.name == "adaptive":
+    if args.name == "replay":
+        import dataclasses
+
+        from verl_tlt.bench.replay_bench import run as run_replay
+        from verl_tlt.config import SpeculativeConfig
+
+        if min(args.num_requests, args.max_tokens, args.repeats, args.seeds) < 1:
+            parser.error("--num-requests, --max-tokens, --repeats and --seeds must be >= 1")
+        overrides = {
+            "threshold": args.threshold,
+            "strategies": tuple(args.strategies or ()) or None,
+            "epsilon": args.epsilon,
+            "window": args.window,
+        }
+        config = dataclasses.replace(SpeculativeConfig(), **{k: v for k, v in overrides.items() if v is not None})
+        run_replay(
+            args.json,
+            config,
+            costs_path=args.costs,
+            save_costs=args.save_costs,
+            num_requests=args.num_requests,
+            max_tokens=args.max_tokens,
+            repeats=args.repeats,
+            seeds=args.seeds,
+        )
+    elif args.name == "adaptive":
         import dataclasses
 
         from verl_tlt.bench.adaptive_bench import run as run_adaptive

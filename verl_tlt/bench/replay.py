@@ -1,0 +1,166 @@
+"""A long-tail rollout replayed from recorded step costs: decode policies compared without the machine's noise.
+
+`bench adaptive` times real rollouts, and on a shared machine whole runs drift by more than the differences between
+policies (the same fixed strategy has measured 1.14x to 1.48x of plain between runs of one command). Here a policy
+decodes a simulated rollout instead. Requests with the recorded response lengths start together; every decode step
+asks the policy for a strategy at the running batch size (plain above its threshold) and draws that step's seconds
+and committed tokens per row from the steps recorded for that strategy at the nearest recorded batch size. The
+recording (`StepCosts`) comes from the real engine decoding the same rollout plainly and with each fixed strategy
+(`verl_tlt.bench.adaptive_bench.record_step_costs`). Draws are seeded: a policy's time depends only on the
+recording and the seed, and the mean over seeds is its expected rollout time.
+
+Modelled: the batch shrinking as requests finish (each row advances by the step's tokens per row, rounded up or
+down at random to keep the mean, capped by what the row has left); the catch-up, where the first speculative step
+after plain ones feeds the drafter every token it has not seen (the prompt, and each token decoded plainly since),
+at a cost per token measured from the recording. Left out: prefill (the same for every policy) and how acceptance
+varies between rows of one step.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from verl_tlt.config import SpeculativeConfig
+from verl_tlt.spec.strategy import SpecStrategy
+
+PLAIN = "plain"
+
+
+class FixedBelowThreshold:
+    """A policy stand-in: one strategy at or below the threshold, plain above (nothing to learn)."""
+
+    def __init__(self, strategy: str, threshold: int):
+        self.strategy, self.threshold = SpecStrategy.parse(strategy), threshold
+        self.strategies = {self.strategy.name: self.strategy}  # what the engine checks a policy's strategies by
+
+    def select(self, batch_size: int) -> SpecStrategy | None:
+        return self.strategy if batch_size <= self.threshold else None
+
+    def observe(self, *args) -> None:
+        pass
+
+    def bucket_of(self, batch_size: int) -> int | None:
+        return None
+
+
+@dataclass
+class StepCosts:
+    """What one rollout's decode steps cost, by strategy ('plain' included) and batch size."""
+
+    lengths: list[int]  # decode steps each request needs (its response tokens after the one prefill emits)
+    prompt_tokens: float  # mean prompt length: what the drafter catches up on for a request it has never seen
+    catch_up_s_per_token: float
+    # strategy -> batch size -> [(committed tokens per row, seconds)] of the recorded steps (catch-ups left out)
+    steps: dict[str, dict[int, list[tuple[float, float]]]] = field(default_factory=dict)
+
+    def draw(self, strategy: str, batch_size: int, rng: random.Random) -> tuple[float, float]:
+        """One recorded step of `strategy` at the recorded batch size nearest to batch_size (smaller on a tie)."""
+        by_size = self.steps.get(strategy)
+        if not by_size:
+            raise ValueError(f"no recorded steps for strategy {strategy!r}; recorded: {sorted(self.steps)}")
+        nearest = min(by_size, key=lambda size: (abs(size - batch_size), size))
+        return rng.choice(by_size[nearest])
+
+    def to_json(self, path: str | Path) -> None:
+        data = {
+            "lengths": self.lengths,
+            "prompt_tokens": self.prompt_tokens,
+            "catch_up_s_per_token": self.catch_up_s_per_token,
+            "steps": {
+                name: {str(size): rows for size, rows in by_size.items()} for name, by_size in self.steps.items()
+            },
+        }
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(data))
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> StepCosts:
+        data = json.loads(Path(path).read_text())
+        missing = {"lengths", "prompt_tokens", "catch_up_s_per_token", "steps"} - set(data)
+        if missing:
+            raise ValueError(
+                f"{path} is not a step-cost recording (missing {sorted(missing)}); write one with "
+                "`verl-tlt bench replay --save-costs PATH`"
+            )
+        steps = {
+            name: {int(size): [tuple(step) for step in recorded] for size, recorded in by_size.items()}
+            for name, by_size in data["steps"].items()
+        }
+        return cls(list(data["lengths"]), float(data["prompt_tokens"]), float(data["catch_up_s_per_token"]), steps)
+
+
+def replay(policy, costs: StepCosts, rng: random.Random) -> float:
+    """Decode the recorded rollout with `policy` (select / observe, as the engine drives it); return its seconds."""
+    remaining = [length for length in costs.lengths if length > 0]
+    unseen = [costs.prompt_tokens] * len(remaining)  # tokens the drafter has not consumed, per row
+    seconds_total = 0.0
+    while remaining:
+        batch_size = len(remaining)
+        strategy = policy.select(batch_size)
+        name = PLAIN if strategy is None else strategy.name
+        tokens_per_row, seconds = costs.draw(name, batch_size, rng)
+        if strategy is None:
+            advance = [1] * batch_size
+            unseen = [tokens + 1 for tokens in unseen]
+        else:
+            seconds += costs.catch_up_s_per_token * sum(unseen)
+            whole = int(tokens_per_row)
+            advance = [whole + (rng.random() < tokens_per_row - whole) for _ in range(batch_size)]
+            unseen = [0.0] * batch_size
+        committed = [min(step, left) for step, left in zip(advance, remaining, strict=True)]
+        policy.observe(strategy, batch_size, sum(committed), seconds)
+        seconds_total += seconds
+        kept = [row for row, (left, done) in enumerate(zip(remaining, committed, strict=True)) if left > done]
+        remaining = [remaining[row] - committed[row] for row in kept]
+        unseen = [unseen[row] for row in kept]
+    return seconds_total
+
+
+def expected_seconds(make_policy: Callable[[int], object], costs: StepCosts, seeds: int, warm: bool = False) -> float:
+    """Mean replayed seconds over `seeds` seeds (policy seed = draw seed); warm: the policy first replays one
+    rollout to learn from, as the previous RL step would give it."""
+    times = []
+    for seed in range(seeds):
+        rng, policy = random.Random(seed), make_policy(seed)
+        if warm:
+            replay(policy, costs, rng)
+        times.append(replay(policy, costs, rng))
+    return statistics.fmean(times)
+
+
+class _Plain:
+    def select(self, batch_size: int) -> None:
+        return None
+
+    def observe(self, *args) -> None:
+        pass
+
+
+def compare(config: SpeculativeConfig, costs: StepCosts, seeds: int) -> dict:
+    """Plain, each fixed strategy below the threshold, and the adaptive policy (cold and warm) on the replay:
+    expected seconds and the ratios `bench adaptive` reports."""
+    from verl_tlt.engine.adaptive import AdaptivePolicy
+
+    def adaptive(seed: int) -> AdaptivePolicy:
+        return AdaptivePolicy(SpeculativeConfig(**{**config.__dict__, "seed": seed}))
+
+    seconds = {PLAIN: expected_seconds(lambda _: _Plain(), costs, seeds)}
+    for strategy in config.strategies:
+        fixed = lambda _, strategy=strategy: FixedBelowThreshold(strategy, config.threshold)  # noqa: E731
+        seconds[strategy] = expected_seconds(fixed, costs, seeds)
+    seconds["adaptive_cold"] = expected_seconds(adaptive, costs, seeds)
+    seconds["adaptive"] = expected_seconds(adaptive, costs, seeds, warm=True)
+    best_fixed = min(config.strategies, key=lambda strategy: seconds[strategy])
+    return {
+        "seconds": {name: round(value, 4) for name, value in seconds.items()},
+        "best_fixed_strategy": best_fixed,
+        "adaptive_vs_best_fixed": round(seconds[best_fixed] / seconds["adaptive"], 3),
+        "adaptive_vs_plain": round(seconds[PLAIN] / seconds["adaptive"], 3),
+        "adaptive_cold_vs_plain": round(seconds[PLAIN] / seconds["adaptive_cold"], 3),
+        "fixed_vs_plain": {strategy: round(seconds[PLAIN] / seconds[strategy], 3) for strategy in config.strategies},
+    }
