@@ -100,3 +100,21 @@ def test_recording_on_an_engine_keeps_plain_and_strategy_steps_and_the_catch_up_
     assert len(recording.steps["3_1_3"][2]) == 2
     assert recording.catch_up_s_per_token >= 0.0
     assert engine.policy is None and "_decode_step" not in vars(engine)
+
+
+def test_the_replay_command_applies_policy_overrides_to_a_saved_recording(tmp_path):
+    import json
+
+    from verl_tlt.bench.cli import main
+
+    steps = {PLAIN: {1: [(1.0, 1.0)], 4: [(1.0, 1.5)]}, "4_1_4": {1: [(3.0, 1.5)], 4: [(3.0, 2.5)]}}
+    StepCosts([30, 50, 70, 90], 4.0, 0.0, steps).to_json(tmp_path / "costs.json")
+    out = tmp_path / "replay.json"
+    argv = ["replay", "--costs", str(tmp_path / "costs.json"), "--seeds", "2", "--json", str(out)]
+    main([*argv, "--strategies", "4_1_4", "--buckets", "1", "2", "--threshold", "4"])
+    result = json.loads(out.read_text())
+    assert result["policy"]["buckets"] == [1, 2] and result["policy"]["strategies"] == ["4_1_4"]
+    assert result["best_fixed_strategy"] == "4_1_4" and result["fixed_vs_plain"]["4_1_4"] > 1.0
+    assert {"adaptive_vs_best_fixed", "adaptive_vs_plain", "adaptive_cold_vs_plain"} <= set(result)
+    with pytest.raises(ValueError, match=r"no steps for \['2_1_2'\]"):
+        main([*argv, "--strategies", "2_1_2", "--threshold", "4", "--buckets", "1", "2"])

@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     adaptive.add_argument("--cuda-graphs", action="store_true", help="RolloutEngine(cuda_graphs=True) (CUDA only)")
     adaptive.add_argument("--threshold", type=int, default=None, help="override tlt.speculative.threshold")
     adaptive.add_argument("--strategies", nargs="+", default=None, help="override tlt.speculative.strategies")
+    adaptive.add_argument("--buckets", nargs="+", type=int, default=None, help="override tlt.speculative.buckets")
     replay = sub.add_parser(
         "replay", help="adaptive policy vs plain and fixed strategies on a rollout replayed from recorded step costs"
     )
@@ -81,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     replay.add_argument("--strategies", nargs="+", default=None, help="override tlt.speculative.strategies")
     replay.add_argument("--epsilon", type=float, default=None, help="override tlt.speculative.epsilon")
     replay.add_argument("--window", type=int, default=None, help="override tlt.speculative.window")
+    replay.add_argument("--buckets", nargs="+", type=int, default=None, help="override tlt.speculative.buckets")
     args = parser.parse_args(argv)
     if args.name == "replay":
         import dataclasses
@@ -95,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             "strategies": tuple(args.strategies or ()) or None,
             "epsilon": args.epsilon,
             "window": args.window,
+            "buckets": tuple(args.buckets or ()) or None,
         }
         config = dataclasses.replace(SpeculativeConfig(), **{k: v for k, v in overrides.items() if v is not None})
         run_replay(
@@ -115,7 +118,11 @@ def main(argv: list[str] | None = None) -> int:
 
         if min(args.num_requests, args.max_tokens, args.repeats) < 1:
             parser.error("--num-requests, --max-tokens and --repeats must be >= 1")
-        overrides = {"threshold": args.threshold, "strategies": tuple(args.strategies or ()) or None}
+        overrides = {
+            "threshold": args.threshold,
+            "strategies": tuple(args.strategies or ()) or None,
+            "buckets": tuple(args.buckets or ()) or None,
+        }
         config = dataclasses.replace(SpeculativeConfig(), **{k: v for k, v in overrides.items() if v is not None})
         run_adaptive(
             args.json,
