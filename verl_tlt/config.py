@@ -30,6 +30,10 @@ _STRATEGY_PATTERN = re.compile(r"[1-9]\d*_[1-9]\d*_[1-9]\d*")
 MAX_POLL_INTERVAL_S = 60.0
 
 
+# Batch-size buckets of the adaptive policy (see SpeculativeConfig.buckets).
+DEFAULT_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24)
+
+
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """When the rollout speculates and with which strategies (the adaptive policy, BEG-MAB)."""
@@ -38,10 +42,10 @@ class SpeculativeConfig:
         default=32, metadata={"help": "Speculate only while a rollout engine runs at most this many requests."}
     )
     buckets: tuple[int, ...] = field(
-        default=(1, 2, 3, 4, 6, 8, 12, 16, 24),
+        default=DEFAULT_BUCKETS,
         metadata={
             "help": "Lower bounds of the batch-size buckets, ascending from 1; each bucket learns its own best "
-            "strategy. Fine at small sizes, where the SD speedup changes fastest with the batch and the tail "
+            "strategy (the default keeps its bounds up to threshold). Fine at small sizes, where the SD speedup changes fastest with the batch and the tail "
             "spends most of its steps: arms are compared on steps of one bucket, and wide buckets mix sizes "
             "whose best arms differ (verl-tlt bench replay, README)."
         },
@@ -99,6 +103,8 @@ class SpeculativeConfig:
             value = getattr(self, key)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{path}.{key} must be in [0, 1], got {value}; e.g. {path}.{key}={example}")
+        if tuple(self.buckets) == DEFAULT_BUCKETS:  # the default adapts to a lower threshold; explicit lists do not
+            object.__setattr__(self, "buckets", tuple(b for b in DEFAULT_BUCKETS if b <= self.threshold))
         buckets = list(self.buckets)
         if not buckets or buckets[0] != 1 or buckets != sorted(set(buckets)) or buckets[-1] > self.threshold:
             raise ValueError(

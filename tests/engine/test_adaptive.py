@@ -58,19 +58,40 @@ def test_bandit_converges_to_the_best_arm_of_each_bucket(batch_size, best):
     assert later.count(best) / len(later) >= 0.85
 
 
-def test_bandit_explores_close_arms_and_replays_a_clearly_slower_one_only_when_stale():
+def test_bandit_explores_close_arms_and_samples_a_clearly_slower_one_afresh_only_when_stale():
     # 4_1_4 is within CONTENDER_MARGIN of the best, 8_4_16 at half its rate is not: epsilon keeps trying the close
-    # arm, while the slow one is replayed once per STALE_FACTOR x window plays of the bucket (after its forced plays).
+    # arm, while the slow one sits out STALE_FACTOR x window plays of the bucket, then gets min_samples fresh plays.
     rates = {"6_4_8": 20.0, "4_1_4": 19.0, "8_4_16": 10.0}
     policy = AdaptivePolicy(config(epsilon=0.2, min_dwell_steps=0, window=8))
     chosen = play(policy, 5, 400, random.Random(0), noise=0.02, rates=rates)
-    stale_period = STALE_FACTOR * 8
+    stale_period, fresh = STALE_FACTOR * 8, policy.config.min_samples
     assert chosen.count("4_1_4") >= 0.2 * 400 / 2 * 0.6  # about half the exploration goes to the close arm
-    expected_slow = policy.config.min_samples + (400 - 3 * policy.config.min_samples) // stale_period
-    assert abs(chosen.count("8_4_16") - expected_slow) <= 1
-    slow_steps = [i for i, name in enumerate(chosen) if name == "8_4_16"]
-    gaps = [b - a for a, b in zip(slow_steps, slow_steps[1:], strict=False)]
-    assert max(gaps) <= stale_period + 1  # never left out much longer than the stale period either
+    # After the first forced plays (3 here: the very first step, the catch-up into SD, is not rewarded):
+    slow_steps = [i for i, name in enumerate(chosen) if name == "8_4_16" and i >= 3 * fresh + 1]
+    bursts = [slow_steps[k : k + fresh] for k in range(0, len(slow_steps), fresh)]
+    assert all(burst == list(range(burst[0], burst[0] + fresh)) for burst in bursts)  # min_samples in a row
+    gaps = [b[0] - a[-1] for a, b in zip(bursts, bursts[1:], strict=False)]
+    assert gaps and all(stale_period <= gap <= stale_period + 1 for gap in gaps)  # only when stale, then promptly
+    assert len(bursts) >= (400 - 3 * fresh) // (stale_period + fresh)
+
+
+def test_a_slower_arm_that_improves_is_taken_up_soon_after_its_fresh_samples():
+    rates = {"6_4_8": 20.0, "4_1_4": 19.0, "8_4_16": 10.0}
+    policy = AdaptivePolicy(config(epsilon=0.1, min_dwell_steps=0))
+    rng = random.Random(0)
+    play(policy, 5, 300, rng, noise=0.02, rates=rates)
+    later = play(policy, 5, 600, rng, noise=0.02, rates={**rates, "8_4_16": 30.0})  # the drafter got better at it
+    stale_period = STALE_FACTOR * policy.config.window
+    assert later[stale_period + 40 :].count("8_4_16") / len(later[stale_period + 40 :]) >= 0.85
+
+
+def test_stale_arms_are_sampled_afresh_at_most_once_per_window_so_the_best_keeps_its_share():
+    # Small windows and many clearly slower arms: each would be stale every few steps; the bucket refreshes at most
+    # one arm per window plays, so the best arm keeps most steps even without epsilon.
+    rates = {"8_4_16": 5.0, "6_4_8": 5.0, "4_1_4": 20.0, PLAIN: 5.0}
+    policy = AdaptivePolicy(config(epsilon=0.0, probe_rate=0.0, min_dwell_steps=0, window=2, plain_arm_min_batch=1))
+    chosen = play(policy, 5, 400, random.Random(0), noise=0.02, rates=rates)
+    assert chosen[100:].count("4_1_4") / 300 >= 0.45  # a refresh (2 plays) at most every 2 plays of the bucket
 
 
 def test_one_arm_per_bucket_still_works():
@@ -134,12 +155,25 @@ def test_a_catch_up_step_is_not_rewarded():
     assert policy.arms[1]["4_1_4"].plays == 1 and policy.arms[1]["4_1_4"].rate() == 10.0
 
 
+def test_a_speculative_step_after_admissions_is_not_rewarded():
+    # New requests joined while speculating: the step's time includes the drafter reading their prompts.
+    policy = AdaptivePolicy(config(strategies=("4_1_4",), min_dwell_steps=0, min_samples=1, epsilon=0.0))
+    for _ in range(3):  # enter SD (the catch-up, not rewarded), then two rewarded steps
+        policy.observe(policy.select(2), 2, committed_tokens=8, seconds=1.0)
+    assert policy.arms[1]["4_1_4"].plays == 2
+    grown = policy.select(3)
+    policy.observe(grown, 3, committed_tokens=3, seconds=9.0)
+    assert grown is not None and policy.arms[1]["4_1_4"].plays == 2  # not recorded
+    policy.observe(policy.select(3), 3, committed_tokens=12, seconds=1.0)
+    assert policy.arms[1]["4_1_4"].plays == 3
+
+
 def feed(policy: AdaptivePolicy, bucket: int, name: str, steps) -> None:
     """Record (committed tokens, seconds, batch size) steps for one arm directly."""
     arm = policy.arms[bucket][name]
     for step in steps:
-        arm.steps.append(step)
-        arm.plays += 1
+        policy.bucket_plays[bucket] += 1
+        arm.record(*step, bucket_plays=policy.bucket_plays[bucket])
 
 
 def test_arms_are_ranked_by_throughput_not_by_the_typical_step():

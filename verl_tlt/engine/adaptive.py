@@ -14,9 +14,10 @@ per-step rates is not the throughput the arm delivers.
 Exploration: every arm is tried `min_samples` times first (in a fixed order), then with probability `epsilon` a
 random contender of the current mode is played (another SD strategy while speculating), otherwise the best rate.
 Contenders are the arms within CONTENDER_MARGIN of the best rate: exploring an arm that is clearly slower (a tree
-strategy where verifying is expensive) costs a slow step and teaches little. Such an arm is still replayed once it
-has sat out STALE_FACTOR x `window` plays of its bucket, so that a drafter or target that changes (as in RL) can
-bring it back.
+strategy where verifying is expensive) costs a slow step and teaches little. Such an arm is not written off: once
+it has sat out STALE_FACTOR x `window` plays of its bucket, its old steps are dropped and it is sampled afresh
+(`min_samples` plays, at most one such arm per `window` plays of the bucket), so that a drafter or target that
+changes (as in RL) can bring it back.
 Crossing between plain and SD is not free: the first speculative step after plain ones must catch the drafter up
 on every token decoded plainly, and with a drafter that does not pay, each SD step costs several plain ones. So the
 other mode is explored only by rare probes (`probe_rate` per step): one plain step, or PROBE_SD_STEPS speculative
@@ -24,7 +25,8 @@ steps with a random strategy. Unlike the reference implementation, whose buckets
 never explored, every bucket here has several arms.
 
 The first speculative step after plain decoding is not rewarded: its time is mostly that catch-up, a cost of
-switching rather than of the strategy (the hysteresis below accounts for switching).
+switching rather than of the strategy (the hysteresis below accounts for switching). Nor is a speculative step
+right after the batch grew: the drafter first reads the new requests' prompts.
 
 Hysteresis: switching between plain and SD (either way) by the greedy choice is allowed only after
 `min_dwell_steps` steps in the current mode; probes, and the return from a probe, do not wait. SD strategies may
@@ -62,7 +64,7 @@ AdaptiveConfig = SpeculativeConfig
 @dataclass
 class _Arm:
     steps: deque = field(default_factory=deque)  # (committed tokens, seconds, batch size) of the latest steps
-    plays: int = 0
+    plays: int = 0  # rewarded steps since the arm's steps were last dropped (`forget`)
     last_play: int = 0  # the bucket's play count when this arm was last played
     _rate: float | None = None  # cached rate(), dropped by record()
 
@@ -70,6 +72,12 @@ class _Arm:
         self.steps.append((committed_tokens, seconds, batch_size))
         self.plays += 1
         self.last_play = bucket_plays
+        self._rate = None
+
+    def forget(self) -> None:
+        """Drop the arm's steps: it is sampled afresh (its rate is -inf until its next step)."""
+        self.steps.clear()
+        self.plays = 0
         self._rate = None
 
     def rate(self) -> float:
@@ -98,6 +106,9 @@ class AdaptivePolicy:
                 names.append(PLAIN)
             self.arms[lower] = {name: _Arm(deque(maxlen=self.config.window)) for name in names}
         self.bucket_plays = dict.fromkeys(self.arms, 0)  # rewarded steps per bucket
+        self.last_refresh = dict.fromkeys(self.arms, 0)  # bucket_plays when a stale arm was last sampled afresh
+        self._last_batch_size = 0
+        self._batch_grew = False  # the batch of the current step is larger than the previous step's (admissions)
         self.rng = random.Random(self.config.seed)
         self.threshold = self.config.threshold  # the engine reads strategies and threshold (as of any policy)
         self.mode = PLAIN  # PLAIN or "sd": what the last step did
@@ -118,6 +129,7 @@ class AdaptivePolicy:
 
     def select(self, batch_size: int) -> SpecStrategy | None:
         """The strategy for the next decode step of `batch_size` requests (None = plain decoding)."""
+        self._batch_grew, self._last_batch_size = batch_size > self._last_batch_size, batch_size
         bucket = self.bucket_of(batch_size)
         if bucket is None:
             self._probe = None
@@ -137,8 +149,9 @@ class AdaptivePolicy:
 
     def observe(self, strategy: SpecStrategy | None, batch_size: int, committed_tokens: int, seconds: float) -> None:
         """Record a finished decode step (strategy None = plain)."""
-        # The first SD step after plain ones (select just entered SD mode) is the catch-up: not rewarded.
-        catch_up = strategy is not None and self.mode == "sd" and self.steps_in_mode == 1
+        # The first SD step after plain ones (select just entered SD mode) is the catch-up: not rewarded; nor is an SD
+        # step right after admissions (the drafter reads the new prompts).
+        catch_up = strategy is not None and ((self.mode == "sd" and self.steps_in_mode == 1) or self._batch_grew)
         bucket = self.bucket_of(batch_size)
         if bucket is None or seconds <= 0 or batch_size < 1 or catch_up:
             return
@@ -161,6 +174,7 @@ class AdaptivePolicy:
             "num_mode_switches": self.num_mode_switches,
             "num_probes": self.num_probes,
             "bucket_plays": dict(self.bucket_plays),
+            "last_refresh": dict(self.last_refresh),
             "buckets": {
                 lower: {
                     name: {"plays": arm.plays, "last_play": arm.last_play, "rate": arm.rate() if arm.steps else None}
@@ -195,15 +209,25 @@ class AdaptivePolicy:
         same = [name for name in arms if (name == PLAIN) == (self.mode == PLAIN)]
         # Right after a probe the greedy choice decides whether to stay, so probes stay short.
         if same and not self._in_probe_mode:
-            stale_after = STALE_FACTOR * self.config.window
-            stale = [name for name in same if self.bucket_plays[bucket] - arms[name].last_play >= stale_after]
-            if stale:
-                return stale[0], False
+            stale = self._stale_arm(bucket, same)
+            if stale is not None:  # sampled afresh: its old steps go, and it gets min_samples plays from now
+                arms[stale].forget()
+                self.last_refresh[bucket] = self.bucket_plays[bucket]
+                return stale, False
             if draw < self.config.probe_rate + self.config.epsilon:
                 best_rate = max(arms[name].rate() for name in same)
                 contenders = [name for name in same if arms[name].rate() >= (1 - CONTENDER_MARGIN) * best_rate]
                 return self.rng.choice(contenders), False
         return self.best_arm(bucket), False
+
+    def _stale_arm(self, bucket: int, names: list[str]) -> str | None:
+        """An arm of `names` that has sat out STALE_FACTOR x window plays of the bucket, if one is due (at most one
+        per window plays of the bucket, so several stale arms cannot crowd out the best one)."""
+        plays, window = self.bucket_plays[bucket], self.config.window
+        if plays - self.last_refresh[bucket] < window:
+            return None
+        arms = self.arms[bucket]
+        return next((name for name in names if plays - arms[name].last_play >= STALE_FACTOR * window), None)
 
     def _apply_hysteresis(self, bucket: int | None, choice: str) -> str:
         wants = PLAIN if choice == PLAIN else "sd"
