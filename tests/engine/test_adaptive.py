@@ -86,12 +86,12 @@ def test_a_slower_arm_that_improves_is_taken_up_soon_after_its_fresh_samples():
 
 
 def test_stale_arms_are_sampled_afresh_at_most_once_per_window_so_the_best_keeps_its_share():
-    # Small windows and many clearly slower arms: each would be stale every few steps; the bucket refreshes at most
-    # one arm per window plays, so the best arm keeps most steps even without epsilon.
+    # A one-step window and three clearly slower arms: each would be stale every few steps and the bucket would
+    # rotate through all arms; refreshes (min_samples = 2 plays each) come at most every 2 x 2 plays instead.
     rates = {"8_4_16": 5.0, "6_4_8": 5.0, "4_1_4": 20.0, PLAIN: 5.0}
-    policy = AdaptivePolicy(config(epsilon=0.0, probe_rate=0.0, min_dwell_steps=0, window=2, plain_arm_min_batch=1))
+    policy = AdaptivePolicy(config(epsilon=0.0, probe_rate=0.0, min_dwell_steps=0, window=1, plain_arm_min_batch=1))
     chosen = play(policy, 5, 400, random.Random(0), noise=0.02, rates=rates)
-    assert chosen[100:].count("4_1_4") / 300 >= 0.45  # a refresh (2 plays) at most every 2 plays of the bucket
+    assert chosen[100:].count("4_1_4") / 300 >= 0.45
 
 
 def test_one_arm_per_bucket_still_works():

@@ -16,8 +16,8 @@ random contender of the current mode is played (another SD strategy while specul
 Contenders are the arms within CONTENDER_MARGIN of the best rate: exploring an arm that is clearly slower (a tree
 strategy where verifying is expensive) costs a slow step and teaches little. Such an arm is not written off: once
 it has sat out STALE_FACTOR x `window` plays of its bucket, its old steps are dropped and it is sampled afresh
-(`min_samples` plays, at most one such arm per `window` plays of the bucket), so that a drafter or target that
-changes (as in RL) can bring it back.
+(`min_samples` plays; at most one such arm per `window` plays of the bucket, and never more than half of them),
+so that a drafter or target that changes (as in RL) can bring it back.
 Crossing between plain and SD is not free: the first speculative step after plain ones must catch the drafter up
 on every token decoded plainly, and with a drafter that does not pay, each SD step costs several plain ones. So the
 other mode is explored only by rare probes (`probe_rate` per step): one plain step, or PROBE_SD_STEPS speculative
@@ -221,10 +221,11 @@ class AdaptivePolicy:
         return self.best_arm(bucket), False
 
     def _stale_arm(self, bucket: int, names: list[str]) -> str | None:
-        """An arm of `names` that has sat out STALE_FACTOR x window plays of the bucket, if one is due (at most one
-        per window plays of the bucket, so several stale arms cannot crowd out the best one)."""
+        """An arm of `names` that has sat out STALE_FACTOR x window plays of the bucket, if one is due: at most one
+        per max(window, 2 x min_samples) plays of the bucket, so that stale arms (each then played min_samples
+        times) take at most half of a bucket's steps however small the window and many the arms."""
         plays, window = self.bucket_plays[bucket], self.config.window
-        if plays - self.last_refresh[bucket] < window:
+        if plays - self.last_refresh[bucket] < max(window, 2 * self.config.min_samples):
             return None
         arms = self.arms[bucket]
         return next((name for name in names if plays - arms[name].last_play >= STALE_FACTOR * window), None)
