@@ -14,8 +14,8 @@ for step, and the policy's bookkeeping is the only difference; there each decode
 repeats is compared (step k of a batch size in one run does the same work as step k in another), grouped by batch
 size (powers of two). On a shared machine that comparison is noisy, so two more numbers frame it: the share of
 that time spent in the policy's own calls (`policy_share_above_threshold`, what the policy can cost there), and the
-same comparison for each fixed strategy, which runs plain's code there (`fixed_vs_plain_above_threshold`, the
-noise alone). Ratios from one run of the command.
+same comparison for each fixed strategy, which decodes plainly there too, with a trivial policy
+(`fixed_vs_plain_above_threshold`: about the noise alone). Ratios from one run of the command.
 """
 
 from __future__ import annotations
@@ -221,8 +221,9 @@ def run(
     adaptive_s, _, adaptive_steps, adaptive_stats = best["adaptive"]
     best_fixed = min(config.strategies, key=lambda s: runs[s]["seconds"])
     above_s = sum(sum(times) for batch_size, times in adaptive_steps.items() if batch_size > config.threshold)
-    # The negative control: a fixed strategy runs exactly plain's code above the threshold, so how far its group
-    # ratios stray from 1.0 is what this machine's noise alone does to the comparison.
+    # The negative control: above the threshold a fixed strategy decodes plainly like the plain run, plus a trivial
+    # policy's calls, so how far its group ratios stray from 1.0 is about what this machine's noise does to the
+    # comparison.
     control = {
         strategy: {
             group: values["ratio"]
@@ -262,7 +263,7 @@ def run(
         f"{result['adaptive_vs_plain']:.2f}x plain, "
         f"{result['adaptive_vs_best_fixed']:.2f}x best fixed ({best_fixed}); above the threshold adaptive steps "
         f"run at {result['worst_above_threshold_vs_plain']}x plain speed (worst batch size), of which the policy's "
-        f"own calls take {policy_share} (fixed strategies, which run plain's code there: "
+        f"own calls take {policy_share} (fixed strategies, which decode plainly there too: "
         f"{min(control_ratios, default=None)}-{max(control_ratios, default=None)}x); outputs identical: {identical}",
         flush=True,
     )

@@ -57,6 +57,11 @@ class StepCosts:
     catch_up_s_per_token: float
     # strategy -> batch size -> [(committed tokens per row, seconds)] of the recorded steps (catch-ups left out)
     steps: dict[str, dict[int, list[tuple[float, float]]]] = field(default_factory=dict)
+    catch_up_samples: int = 0  # recorded catch-up steps behind catch_up_s_per_token
+
+    def __post_init__(self) -> None:
+        if not any(length > 0 for length in self.lengths):
+            raise ValueError(f"a step-cost recording needs requests with decode steps, got lengths {self.lengths[:8]}")
 
     def draw(self, strategy: str, batch_size: int, rng: random.Random) -> tuple[float, float]:
         """One recorded step of `strategy` at the recorded batch size nearest to batch_size (smaller on a tie)."""
@@ -71,6 +76,7 @@ class StepCosts:
             "lengths": self.lengths,
             "prompt_tokens": self.prompt_tokens,
             "catch_up_s_per_token": self.catch_up_s_per_token,
+            "catch_up_samples": self.catch_up_samples,
             "steps": {
                 name: {str(size): rows for size, rows in by_size.items()} for name, by_size in self.steps.items()
             },
@@ -91,7 +97,13 @@ class StepCosts:
             name: {int(size): [tuple(step) for step in recorded] for size, recorded in by_size.items()}
             for name, by_size in data["steps"].items()
         }
-        return cls(list(data["lengths"]), float(data["prompt_tokens"]), float(data["catch_up_s_per_token"]), steps)
+        return cls(
+            list(data["lengths"]),
+            float(data["prompt_tokens"]),
+            float(data["catch_up_s_per_token"]),
+            steps,
+            int(data.get("catch_up_samples", 0)),
+        )
 
 
 def replay(policy, costs: StepCosts, rng: random.Random) -> float:
@@ -109,8 +121,8 @@ def replay(policy, costs: StepCosts, rng: random.Random) -> float:
             unseen = [tokens + 1 for tokens in unseen]
         else:
             seconds += costs.catch_up_s_per_token * sum(unseen)
-            whole = int(tokens_per_row)
-            advance = [whole + (rng.random() < tokens_per_row - whole) for _ in range(batch_size)]
+            whole = int(tokens_per_row)  # a speculative step commits at least one token per row
+            advance = [max(1, whole + (rng.random() < tokens_per_row - whole)) for _ in range(batch_size)]
             unseen = [0.0] * batch_size
         committed = [min(step, left) for step, left in zip(advance, remaining, strict=True)]
         policy.observe(strategy, batch_size, sum(committed), seconds)

@@ -57,19 +57,23 @@ def record_step_costs(engine: RolloutEngine, prompts, params, strategies, thresh
                 engine.stats = DecodeStats()
                 engine.policy = policy
                 outputs = engine.generate(prompts, params)
+                if engine.drafter_error is not None:  # its steps were recorded as plain ones: no recording
+                    raise RuntimeError(f"the drafter failed while recording step costs: {engine.drafter_error}")
     finally:
         engine.policy = None
         del engine._decode_step
-    per_token = [
-        max(0.0, seconds - statistics.median(s for _, s in steps[name][batch_size])) / unseen
-        for name, batch_size, seconds, unseen in catch_ups
-        if batch_size in steps.get(name, {})
-    ]
+    per_token = []
+    for name, batch_size, seconds, unseen in catch_ups:
+        by_size = steps.get(name, {})
+        if by_size and unseen > 0:  # compared with the strategy's typical step at the nearest recorded batch size
+            nearest = min(by_size, key=lambda size: (abs(size - batch_size), size))
+            per_token.append(max(0.0, seconds - statistics.median(s for _, s in by_size[nearest])) / unseen)
     return StepCosts(
         lengths=[len(output.token_ids) - 1 for output in outputs],
         prompt_tokens=statistics.fmean(len(prompt) for prompt in prompts),
         catch_up_s_per_token=statistics.median(per_token) if per_token else 0.0,
         steps=steps,
+        catch_up_samples=len(per_token),
     )
 
 
