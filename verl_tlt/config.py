@@ -45,9 +45,9 @@ class SpeculativeConfig:
         default=DEFAULT_BUCKETS,
         metadata={
             "help": "Lower bounds of the batch-size buckets, ascending from 1; each bucket learns its own best "
-            "strategy (the default keeps its bounds up to threshold). Fine at small sizes, where the SD speedup changes fastest with the batch and the tail "
-            "spends most of its steps: arms are compared on steps of one bucket, and wide buckets mix sizes "
-            "whose best arms differ (verl-tlt bench replay, README)."
+            "strategy (the default keeps its bounds up to threshold). Fine at small sizes, where the SD speedup "
+            "changes fastest with the batch and the tail spends most of its steps: arms are compared on steps of one "
+            "bucket, and wide buckets mix sizes whose best arms differ (verl-tlt bench replay, README)."
         },
     )
     strategies: tuple[str, ...] = field(

@@ -221,6 +221,13 @@ def test_bad_config_fails_clearly(overrides, match):
         config(**overrides)
 
 
+def test_the_default_buckets_follow_a_lower_threshold_but_explicit_ones_do_not():
+    assert AdaptiveConfig(threshold=8).buckets == (1, 2, 3, 4, 6, 8)
+    assert AdaptiveConfig(threshold=16, buckets=(1, 4, 16)).buckets == (1, 4, 16)
+    with pytest.raises(ValueError, match="stay <= tlt.speculative.threshold=8"):
+        AdaptiveConfig(threshold=8, buckets=(1, 4, 16))
+
+
 def test_strategy_strings_that_parse_but_cannot_exist_fail_when_the_policy_is_built():
     with pytest.raises(ValueError, match="tree_tokens"):
         AdaptivePolicy(config(strategies=("2_2_7",)))  # a depth-2, top-2 tree has only 6 nodes
