@@ -141,3 +141,11 @@ def test_recording_refuses_a_run_whose_drafter_failed(tmp_path):
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     with pytest.raises(RuntimeError, match="drafter failed while recording step costs: RuntimeError: out of memory"):
         record_step_costs(engine, [[5, 6], [7, 8]], params, ["3_1_3"], threshold=2, repeats=1)
+
+
+def test_the_replay_command_reports_refused_overrides_as_usage_errors(tmp_path, capsys):
+    from verl_tlt.bench.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["replay", "--costs", str(tmp_path / "none.json"), "--threshold", "8", "--buckets", "1", "16"])
+    assert "buckets must ascend strictly from 1 and stay <= tlt.speculative.threshold=8" in capsys.readouterr().err

@@ -85,21 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     replay.add_argument("--buckets", nargs="+", type=int, default=None, help="override tlt.speculative.buckets")
     args = parser.parse_args(argv)
     if args.name == "replay":
-        import dataclasses
-
         from verl_tlt.bench.replay_bench import run as run_replay
-        from verl_tlt.config import SpeculativeConfig
 
         if min(args.num_requests, args.max_tokens, args.repeats, args.seeds) < 1:
             parser.error("--num-requests, --max-tokens, --repeats and --seeds must be >= 1")
-        overrides = {
-            "threshold": args.threshold,
-            "strategies": tuple(args.strategies or ()) or None,
-            "epsilon": args.epsilon,
-            "window": args.window,
-            "buckets": tuple(args.buckets or ()) or None,
-        }
-        config = dataclasses.replace(SpeculativeConfig(), **{k: v for k, v in overrides.items() if v is not None})
+        config = speculative_config(parser, args, ("threshold", "strategies", "epsilon", "window", "buckets"))
         run_replay(
             args.json,
             config,
@@ -111,19 +101,11 @@ def main(argv: list[str] | None = None) -> int:
             seeds=args.seeds,
         )
     elif args.name == "adaptive":
-        import dataclasses
-
         from verl_tlt.bench.adaptive_bench import run as run_adaptive
-        from verl_tlt.config import SpeculativeConfig
 
         if min(args.num_requests, args.max_tokens, args.repeats) < 1:
             parser.error("--num-requests, --max-tokens and --repeats must be >= 1")
-        overrides = {
-            "threshold": args.threshold,
-            "strategies": tuple(args.strategies or ()) or None,
-            "buckets": tuple(args.buckets or ()) or None,
-        }
-        config = dataclasses.replace(SpeculativeConfig(), **{k: v for k, v in overrides.items() if v is not None})
+        config = speculative_config(parser, args, ("threshold", "strategies", "buckets"))
         run_adaptive(
             args.json,
             args.num_requests,
@@ -194,3 +176,18 @@ def main(argv: list[str] | None = None) -> int:
             sd_steps=args.sd_steps,
         )
     return 0
+
+
+def speculative_config(parser: argparse.ArgumentParser, args: argparse.Namespace, keys: tuple[str, ...]):
+    """`tlt.speculative` defaults with the given command-line overrides (those not passed keep the default); a
+    combination the config refuses is a usage error."""
+    import dataclasses
+
+    from verl_tlt.config import SpeculativeConfig
+
+    overrides = {key: getattr(args, key) for key in keys if getattr(args, key) is not None}
+    overrides = {key: tuple(value) if isinstance(value, list) else value for key, value in overrides.items()}
+    try:
+        return dataclasses.replace(SpeculativeConfig(), **overrides)
+    except ValueError as error:
+        parser.error(str(error))
