@@ -74,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     replay.add_argument("--json", help="write results to this path")
     replay.add_argument("--costs", help="replay this recording (from --save-costs) instead of recording one")
     replay.add_argument("--save-costs", help="write the recorded step costs to this path")
+    replay.add_argument("--device", default="cpu", help="torch device to record on (e.g. cuda); replays run anywhere")
+    replay.add_argument("--cuda-graphs", action="store_true", help="record with RolloutEngine(cuda_graphs=True)")
     replay.add_argument("--num-requests", type=int, default=256)
     replay.add_argument("--max-tokens", type=int, default=1024)
     replay.add_argument("--repeats", type=int, default=2, help="recorded rollouts per strategy (plain included)")
@@ -99,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             max_tokens=args.max_tokens,
             repeats=args.repeats,
             seeds=args.seeds,
+            device=args.device,
+            cuda_graphs=args.cuda_graphs,
         )
     elif args.name == "adaptive":
         from verl_tlt.bench.adaptive_bench import run as run_adaptive

@@ -87,6 +87,8 @@ def run(
     max_tokens: int,
     repeats: int,
     seeds: int,
+    device: str = "cpu",
+    cuda_graphs: bool = False,
 ) -> dict:
     if costs_path:
         costs = StepCosts.from_json(costs_path)
@@ -95,7 +97,9 @@ def run(
         from verl_tlt.toy.sft import ensure_toy_target
 
         target, drafter_dir = ensure_toy_target(), ensure_toy_drafter()
-        engine = RolloutEngine.from_pretrained(str(target), drafter=str(drafter_dir), max_num_seqs=num_requests)
+        engine = RolloutEngine.from_pretrained(
+            str(target), drafter=str(drafter_dir), max_num_seqs=num_requests, device=device, cuda_graphs=cuda_graphs
+        )
         prompts = toy_prompts(target, num_requests, PROBLEM_SEED)
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
         engine.generate(prompts[:4], params, strategy=config.strategies[0])  # warm-up
@@ -109,6 +113,7 @@ def run(
             "with these strategies"
         )
     result = {
+        "recorded_on": None if costs_path else {"device": device, "cuda_graphs": cuda_graphs},
         "benchmark": "replay",
         "costs": costs_path or save_costs,
         "seeds": seeds,
