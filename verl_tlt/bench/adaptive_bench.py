@@ -165,6 +165,24 @@ def worst_above_threshold_ratio(plain_steps, adaptive_steps, threshold: int, min
     return min(group["ratio"] for group in groups.values()) if groups else None
 
 
+def toy_rollout(
+    num_requests: int, max_tokens: int, warm_up_strategy: str, *, device: str = "cpu", cuda_graphs: bool = False
+):
+    """The benchmark's workload: (target dir, drafter dir, engine, prompts, params) for `num_requests` fresh toy
+    prompts decoded greedily up to `max_tokens`, on an engine already warmed up with `warm_up_strategy`."""
+    from verl_tlt.toy.drafter import ensure_toy_drafter, toy_prompts
+    from verl_tlt.toy.sft import ensure_toy_target
+
+    target, drafter_dir = ensure_toy_target(), ensure_toy_drafter()
+    engine = RolloutEngine.from_pretrained(
+        str(target), drafter=str(drafter_dir), max_num_seqs=num_requests, device=device, cuda_graphs=cuda_graphs
+    )
+    prompts = toy_prompts(target, num_requests, PROBLEM_SEED)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    engine.generate(prompts[:4], params, strategy=warm_up_strategy)  # warm-up
+    return target, drafter_dir, engine, prompts, params
+
+
 def run(
     json_path: str | None,
     num_requests: int,
@@ -175,17 +193,8 @@ def run(
     device: str = "cpu",
     cuda_graphs: bool = False,
 ) -> dict:
-    from verl_tlt.toy.drafter import ensure_toy_drafter, toy_prompts
-    from verl_tlt.toy.sft import ensure_toy_target
-
-    target, drafter_dir = ensure_toy_target(), ensure_toy_drafter()
-    engine = RolloutEngine.from_pretrained(
-        str(target), drafter=str(drafter_dir), max_num_seqs=num_requests, device=device, cuda_graphs=cuda_graphs
-    )
-    prompts = toy_prompts(target, num_requests, PROBLEM_SEED)
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    engine.generate(prompts[:4], params, strategy=config.strategies[0])  # warm-up
-
+    rollout = toy_rollout(num_requests, max_tokens, config.strategies[0], device=device, cuda_graphs=cuda_graphs)
+    target, drafter_dir, engine, prompts, params = rollout
     warm_policies = []
 
     def cold_run():

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import random
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +29,11 @@ from verl_tlt.config import SpeculativeConfig
 from verl_tlt.spec.strategy import SpecStrategy
 
 PLAIN = "plain"
+
+
+def nearest_batch_size(sizes: Iterable[int], batch_size: int) -> int:
+    """The recorded batch size closest to `batch_size` (the smaller on a tie)."""
+    return min(sizes, key=lambda size: (abs(size - batch_size), size))
 
 
 class FixedBelowThreshold:
@@ -68,8 +73,7 @@ class StepCosts:
         by_size = self.steps.get(strategy)
         if not by_size:
             raise ValueError(f"no recorded steps for strategy {strategy!r}; recorded: {sorted(self.steps)}")
-        nearest = min(by_size, key=lambda size: (abs(size - batch_size), size))
-        return rng.choice(by_size[nearest])
+        return rng.choice(by_size[nearest_batch_size(by_size, batch_size)])
 
     def to_json(self, path: str | Path) -> None:
         data = {

@@ -13,10 +13,10 @@ import statistics
 import time
 from pathlib import Path
 
-from verl_tlt.bench.adaptive_bench import PROBLEM_SEED
-from verl_tlt.bench.replay import PLAIN, FixedBelowThreshold, StepCosts, compare
+from verl_tlt.bench.adaptive_bench import toy_rollout
+from verl_tlt.bench.replay import PLAIN, FixedBelowThreshold, StepCosts, compare, nearest_batch_size
 from verl_tlt.config import SpeculativeConfig
-from verl_tlt.engine import RolloutEngine, SamplingParams
+from verl_tlt.engine import RolloutEngine
 from verl_tlt.engine.decode_stats import DecodeStats
 
 
@@ -66,8 +66,8 @@ def record_step_costs(engine: RolloutEngine, prompts, params, strategies, thresh
     for name, batch_size, seconds, unseen in catch_ups:
         by_size = steps.get(name, {})
         if by_size and unseen > 0:  # compared with the strategy's typical step at the nearest recorded batch size
-            nearest = min(by_size, key=lambda size: (abs(size - batch_size), size))
-            per_token.append(max(0.0, seconds - statistics.median(s for _, s in by_size[nearest])) / unseen)
+            typical = statistics.median(s for _, s in by_size[nearest_batch_size(by_size, batch_size)])
+            per_token.append(max(0.0, seconds - typical) / unseen)
     return StepCosts(
         lengths=[len(output.token_ids) - 1 for output in outputs],
         prompt_tokens=statistics.fmean(len(prompt) for prompt in prompts),
@@ -93,16 +93,8 @@ def run(
     if costs_path:
         costs = StepCosts.from_json(costs_path)
     else:
-        from verl_tlt.toy.drafter import ensure_toy_drafter, toy_prompts
-        from verl_tlt.toy.sft import ensure_toy_target
-
-        target, drafter_dir = ensure_toy_target(), ensure_toy_drafter()
-        engine = RolloutEngine.from_pretrained(
-            str(target), drafter=str(drafter_dir), max_num_seqs=num_requests, device=device, cuda_graphs=cuda_graphs
-        )
-        prompts = toy_prompts(target, num_requests, PROBLEM_SEED)
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-        engine.generate(prompts[:4], params, strategy=config.strategies[0])  # warm-up
+        rollout = toy_rollout(num_requests, max_tokens, config.strategies[0], device=device, cuda_graphs=cuda_graphs)
+        _, _, engine, prompts, params = rollout
         costs = record_step_costs(engine, prompts, params, config.strategies, config.threshold, repeats)
         if save_costs:
             costs.to_json(save_costs)
