@@ -8,6 +8,8 @@ import torch
 from tests.engine.drafters import HFModelDrafter, SyncCountingDrafter
 from tests.spec.sd_harness import chi_square_pvalue
 from verl_tlt.engine import RolloutEngine, SamplingParams
+from verl_tlt.engine import engine as engine_module
+from verl_tlt.engine.engine import SAMPLING_MODES
 from verl_tlt.spec import LogitsParams, SpecStrategy
 from verl_tlt.spec import verify as verify_module
 
@@ -125,14 +127,16 @@ def test_sampled_sd_log_probs_are_the_targets(varied_qwen2):
             assert torch.allclose(torch.tensor(output.log_probs), expected, atol=1e-4)
 
 
-def engine_distribution_pvalue(tmp_path, strategy: str) -> float:
+def engine_distribution_pvalue(tmp_path, strategy: str, sampling: str) -> float:
     """Chi-square p-value of the first two tokens of 3000 SD samples against the exact processed target."""
     from tests.engine.conftest import build_tiny_model
 
     vocab, num_requests, num_tokens, prompt = 6, 3000, 2, [1, 4, 2]
     hf_model = build_tiny_model("qwen2", tmp_path, seed=1, vocab_size=vocab, weight_std=0.3)
     draft_model = build_tiny_model("qwen2", tmp_path / "draft", seed=2, vocab_size=vocab, weight_std=0.3)
-    engine = RolloutEngine.from_pretrained(str(tmp_path), drafter=HFModelDrafter(draft_model), max_num_seqs=1000)
+    engine = RolloutEngine.from_pretrained(
+        str(tmp_path), drafter=HFModelDrafter(draft_model), max_num_seqs=1000, sampling=sampling
+    )
     params = SamplingParams(temperature=1.0, top_p=0.95, max_tokens=num_tokens, ignore_eos=True)
     outputs = engine.generate([prompt] * num_requests, params, strategy=strategy)
     assert sum(o.stats["num_verify_steps"] for o in outputs) > 0
@@ -145,15 +149,24 @@ def engine_distribution_pvalue(tmp_path, strategy: str) -> float:
     return chi_square_pvalue(samples, (first.unsqueeze(1) * second).flatten().double(), vocab)
 
 
+@pytest.mark.parametrize("sampling", SAMPLING_MODES)
 @pytest.mark.parametrize("strategy", ["3_1_3", "3_2_5"])
-def test_sampled_sd_matches_target_distribution_in_the_engine(tmp_path, strategy):
-    assert engine_distribution_pvalue(tmp_path, strategy) > 1e-3  # false-alarm rate 0.1% per (fixed) seed
+def test_sampled_sd_matches_target_distribution_in_the_engine(tmp_path, strategy, sampling):
+    assert engine_distribution_pvalue(tmp_path, strategy, sampling) > 1e-3  # false-alarm rate 0.1% per (fixed) seed
 
 
 @pytest.mark.parametrize("strategy", ["3_1_3", "3_2_5"])
 def test_engine_distribution_test_catches_a_verifier_that_ignores_the_residual(tmp_path, strategy, monkeypatch):
     monkeypatch.setattr(verify_module, "_reject", lambda residual, token, draft_probs: residual)
-    assert engine_distribution_pvalue(tmp_path, strategy) < 1e-6
+    assert engine_distribution_pvalue(tmp_path, strategy, "rejection") < 1e-6
+
+
+@pytest.mark.parametrize("strategy", ["3_1_3", "3_2_5"])
+def test_engine_distribution_test_catches_keyed_verification_that_forgets_the_noise(tmp_path, strategy, monkeypatch):
+    # Verifying on the unperturbed target makes every token a speculative step emits the target's argmax.
+    real = engine_module.verify_keyed
+    monkeypatch.setattr(engine_module, "verify_keyed", lambda tree, logits, noise: real(tree, logits, 0 * noise))
+    assert engine_distribution_pvalue(tmp_path, strategy, "keyed") < 1e-6
 
 
 def test_drafter_follows_slot_compaction_and_reset(varied_qwen2):
@@ -227,3 +240,78 @@ def test_a_failing_drafter_turns_speculation_off_without_failing_requests(varied
     engine.set_drafter(HFModelDrafter(varied_qwen2[1]))  # a new drafter turns speculation back on
     assert engine.drafter_error is None
     assert all(o.stats["num_verify_steps"] > 0 for o in engine.generate(PROMPTS, GREEDY, strategy="4_1_4"))
+
+
+SAMPLED = SamplingParams(temperature=0.9, top_p=0.9, top_k=20, max_tokens=24, ignore_eos=True)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES.values(), ids=STRATEGIES.keys())
+@pytest.mark.parametrize("drafter_name", ["perfect", "noisy", "adversarial"])
+def test_keyed_sampled_sd_is_token_identical_to_plain(varied_qwen2, strategy, drafter_name):
+    # Unseeded requests: keys come from the engine's seed and the order requests arrive in, the same in both engines.
+    plain = make_engine(varied_qwen2).generate(PROMPTS, SAMPLED)
+    engine = make_engine(varied_qwen2, drafters(varied_qwen2[1])[drafter_name])
+    outputs = engine.generate(PROMPTS, SAMPLED, strategy=strategy)
+    for sd, ref in zip(outputs, plain, strict=True):
+        assert sd.token_ids == ref.token_ids
+        assert torch.allclose(torch.tensor(sd.log_probs), torch.tensor(ref.log_probs), atol=1e-5)
+        assert sd.stats["num_verify_steps"] > 0
+    assert len({tuple(o.token_ids) for o in plain}) == len(PROMPTS)  # really sampled: no two rows alike
+
+
+def test_keyed_sampling_is_not_greedy_and_differs_between_engine_seeds(varied_qwen2):
+    greedy = make_engine(varied_qwen2).generate(PROMPTS, GREEDY)
+    first = make_engine(varied_qwen2, seed=0).generate(PROMPTS, SAMPLED)
+    again = make_engine(varied_qwen2, seed=0).generate(PROMPTS, SAMPLED)
+    other = make_engine(varied_qwen2, seed=1).generate(PROMPTS, SAMPLED)
+    tokens = [[o.token_ids for o in run] for run in (greedy, first, again, other)]
+    assert tokens[1] == tokens[2]
+    assert tokens[1] != tokens[0] and tokens[1] != tokens[3]
+
+
+def test_keyed_sampling_with_plain_and_sd_steps_mixed_and_greedy_rows_in_the_batch(varied_qwen2):
+    params = [SAMPLED, GREEDY, SAMPLED, SamplingParams(temperature=1.3, max_tokens=24, ignore_eos=True), GREEDY]
+    reference = make_engine(varied_qwen2, max_num_seqs=8)
+    for index, (prompt, p) in enumerate(zip(PROMPTS, params, strict=True)):
+        reference.add_request(prompt, p, request_id=str(index))
+    engine = make_engine(varied_qwen2, HFModelDrafter(varied_qwen2[1], noise=0.5), max_num_seqs=8)
+    for index, (prompt, p) in enumerate(zip(PROMPTS, params, strict=True)):
+        engine.add_request(prompt, p, request_id=str(index))
+    schedule = [None, "3_1_3", "3_2_5", None, None, "2_1_2", "4_3_9"]
+    done, step = {}, 0
+    while engine.has_unfinished():
+        for output in engine.step(schedule[step % len(schedule)]):
+            done[output.request_id] = output
+        step += 1
+    expected = {}
+    while reference.has_unfinished():
+        expected.update({o.request_id: o.token_ids for o in reference.step()})
+    assert {key: o.token_ids for key, o in done.items()} == expected
+
+
+def test_a_seeded_request_samples_the_same_tokens_in_any_batch_and_with_any_strategy(varied_qwen2):
+    seeded = SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True, seed=1234)
+    alone = make_engine(varied_qwen2).generate([PROMPTS[2]], seeded)[0].token_ids
+    engine = make_engine(varied_qwen2, HFModelDrafter(varied_qwen2[1], noise=1.0), max_num_seqs=5)
+    for index, prompt in enumerate(PROMPTS):
+        engine.add_request(prompt, seeded if index == 2 else SAMPLED, request_id=str(index))
+    done, step = {}, 0
+    while engine.has_unfinished():
+        for output in engine.step(["4_1_4", None, "3_2_5"][step % 3]):
+            done[output.request_id] = output
+        step += 1
+    assert done["2"].token_ids == alone
+    assert make_engine(varied_qwen2, seed=7).generate([PROMPTS[2]], seeded)[0].token_ids == alone  # seed, not engine
+
+
+def test_a_perfect_drafter_is_fully_accepted_under_keyed_sampling(varied_qwen2):
+    # The drafter draws with the target's noise: when its distribution is the target's, its draws are the target's.
+    params = SamplingParams(temperature=1.0, max_tokens=20, ignore_eos=True)
+    engine = make_engine(varied_qwen2, HFModelDrafter(varied_qwen2[1]))
+    for output in engine.generate(PROMPTS, params, strategy=SpecStrategy(4)):
+        assert output.stats["num_accepted_tokens"] == output.stats["num_draft_tokens"] > 0
+
+
+def test_an_unknown_sampling_mode_is_refused(varied_qwen2):
+    with pytest.raises(ValueError, match="sampling must be one of"):
+        make_engine(varied_qwen2, sampling="nucleus")

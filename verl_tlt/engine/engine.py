@@ -15,6 +15,7 @@ import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 
+import numpy as np
 import torch
 
 from verl_tlt.engine.adaptive import AdaptivePolicy
@@ -29,15 +30,17 @@ from verl_tlt.engine.sampler import params_tensors, sample_tokens
 from verl_tlt.engine.sampling_params import LOGPROBS_MODES, SamplingParams
 from verl_tlt.engine.speculative import accepted_path_moves, draft_trees, tree_forward_layout
 from verl_tlt.engine.weights import load_pretrained, load_weights, read_eos_token_ids
+from verl_tlt.spec.keyed_noise import gumbel_noise, request_key
 from verl_tlt.spec.logits import LogitsParams, token_log_probs
 from verl_tlt.spec.strategy import SpecStrategy
-from verl_tlt.spec.verify import emitted_positions, verify_tree
+from verl_tlt.spec.verify import emitted_positions, verify_keyed, verify_tree
 
 logger = logging.getLogger(__name__)
 
 # CPU weight layouts keep up to two extra copies of each linear weight; by default only models up to this size use
 # them.
 CPU_LAYOUTS_MAX_BYTES = 1 << 30
+SAMPLING_MODES = ("keyed", "rejection")
 
 
 class RolloutEngine:
@@ -48,6 +51,14 @@ class RolloutEngine:
         overhead-bound models; the first step of each kind compiles (seconds to a minute on a small CPU).
     cuda_graphs: on CUDA, replay decode and verify forwards from CUDA graphs per (width, batch bucket) (see
         cuda_graphs); ignored, with a warning, on other devices.
+    sampling: how sampled (temperature > 0) rows draw tokens.
+        "keyed" (default): Gumbel-max with noise keyed by (request, token position) (spec.keyed_noise). Plain and
+        speculative decoding then emit the same tokens under the same keys, whatever the batch, strategy or
+        drafter; a request's key comes from its seed, or else from the engine's seed and the order requests
+        arrive in. Drafts are the drafter's own Gumbel-max draws with the same noise (chains; trees are the
+        drafter's top-k), and verification accepts a draft exactly when it is the target's draw.
+        "rejection": standard speculative sampling (drafts sampled from the drafter, recursive rejection sampling
+        against the target): the same distribution, with draws that depend on the steps' strategies.
     """
 
     def __init__(
@@ -65,11 +76,15 @@ class RolloutEngine:
         cpu_layouts: bool | None = None,
         compile: bool = False,
         cuda_graphs: bool = False,
+        sampling: str = "keyed",
     ):
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+        if sampling not in SAMPLING_MODES:
+            raise ValueError(f"sampling must be one of {SAMPLING_MODES}, got {sampling!r}")
+        self.keyed_sampling = sampling == "keyed"
         self.model = model.eval()
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
@@ -169,11 +184,16 @@ class RolloutEngine:
         """Queue a prompt that `_check_prompt` has passed."""
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         generator = None
-        if params.seed is not None:
+        if params.seed is not None and not self.keyed_sampling:
             generator = torch.Generator(device=self.device).manual_seed(params.seed)
         request = Request(request_id, [int(t) for t in prompt_ids], params, generator, self.max_model_len)
         request.stop_ids = self._stop_ids(params)
         with self._lock:
+            if self.keyed_sampling:  # drawn under the lock: keys follow the order requests arrive in
+                seed = params.seed
+                if seed is None:
+                    seed = int(torch.randint(0, 1 << 62, (1,), generator=self.generator, device=self.device))
+                request.noise_key = request_key(seed)
             self.waiting.append(request)
         return request_id
 
@@ -365,8 +385,9 @@ class RolloutEngine:
         """
         requests = self.running
         params = self._logits_params(requests)
+        noise = self._keyed_noise(requests, params, strategy.depth + 1, self.model.spec.vocab_size)
         try:
-            tree = draft_trees(self.drafter, requests, strategy, params, self.generator, self.device)
+            tree = draft_trees(self.drafter, requests, strategy, params, self.generator, self.device, noise)
         except Exception as error:
             logger.exception("Drafter failed; this engine decodes plainly until a drafter is set again")
             self._disable_drafter(error)
@@ -377,8 +398,11 @@ class RolloutEngine:
         hidden = self._forward("verify", tree.tokens, positions, 0, write_pos, mask)  # [B, N+1, H]
         logits = self.model.logits(hidden)  # [B, N+1, V]
         processed = params.process(logits)
-        generators = [r.generator for r in requests]
-        results = verify_tree(tree, processed, params.is_greedy, generators, self.generator)
+        if noise is None:
+            generators = [r.generator for r in requests]
+            results = verify_tree(tree, processed, params.is_greedy, generators, self.generator)
+        else:
+            results = verify_keyed(tree, processed, noise)
         moves = accepted_path_moves(results, self.cache_lens, self.device)
         if moves is not None:
             self.cache.compact_rows(*moves)
@@ -449,10 +473,33 @@ class RolloutEngine:
 
     def _emit(self, requests: list[Request], logits: torch.Tensor) -> None:
         params = self._logits_params(requests)
-        tokens, log_probs = sample_tokens(logits, requests, params, self.generator, raw_logprobs=self.raw_logprobs)
+        noise = self._keyed_noise(requests, params, 1, logits.shape[-1])
+        tokens, log_probs = sample_tokens(
+            logits,
+            requests,
+            params,
+            self.generator,
+            raw_logprobs=self.raw_logprobs,
+            noise=None if noise is None else noise[:, 0],
+        )
         for request, token, log_prob in zip(requests, tokens, log_probs, strict=True):
             if request.finish_reason is None:  # an aborted row waits for retirement without growing (as _commit)
                 request.append(token, log_prob, request.stop_ids)
+
+    def _keyed_noise(
+        self, requests: list[Request], params: LogitsParams, width: int, vocab_size: int
+    ) -> torch.Tensor | None:
+        """[B, width, V] keyed Gumbel noise for the next `width` token positions of every row (zero on greedy rows),
+        or None when sampling is not keyed or every row is greedy."""
+        greedy = params.greedy_rows
+        if not self.keyed_sampling or all(greedy):
+            return None
+        keys = np.array([r.noise_key for r in requests], dtype=np.uint64)
+        positions = np.array([r.num_tokens for r in requests], dtype=np.int64)[:, None] + np.arange(width)
+        noise = gumbel_noise(keys, positions, vocab_size, self.device)
+        if any(greedy):
+            noise.masked_fill_(params.is_greedy.view(-1, 1, 1), 0.0)
+        return noise
 
     def _logits_params(self, requests: list[Request]) -> LogitsParams:
         """Sampling parameters of `requests` as tensors, rebuilt only when the batch composition changes."""

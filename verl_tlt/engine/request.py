@@ -48,6 +48,8 @@ class Request:
     # Drafter sync: positions the drafter has consumed, and target hidden states of the positions after them.
     num_drafter_synced: int = 0
     pending_hidden: list[torch.Tensor] = field(default_factory=list)
+    # Keyed sampling: the key of this request's Gumbel noise (spec.keyed_noise.request_key), set when it is queued.
+    noise_key: int = 0
 
     @property
     def num_tokens(self) -> int:

@@ -23,16 +23,19 @@ def sample_tokens(
     default_generator: torch.Generator,
     *,
     raw_logprobs: bool,
+    noise: torch.Tensor | None = None,
 ) -> tuple[list[int], list[float]]:
     """Sample one token per row of logits [N, V]; return token ids and their log-probs.
 
     Log-probs come from the processed distribution (vLLM's `processed_logprobs`) unless raw_logprobs.
-    Each request with a seed draws from its own generator so its samples do not depend on batch composition.
+    With `noise` [N, V] (keyed Gumbel noise, zero on greedy rows) each row takes argmax(processed + noise): keyed
+    sampling, which needs no generator. Otherwise each request with a seed draws from its own generator, so its
+    samples do not depend on batch composition, and the others share `default_generator`.
     """
     processed = params.process(logits)  # [N, V] fp32
-    tokens = processed.argmax(dim=-1)
+    tokens = processed.argmax(dim=-1) if noise is None else (processed + noise).argmax(dim=-1)
     greedy = params.greedy_rows
-    if not all(greedy):
+    if noise is None and not all(greedy):
         probs = processed.softmax(dim=-1)
         for row, request in enumerate(requests):
             if greedy[row]:

@@ -15,10 +15,11 @@ class SamplingParams:
 
     temperature 0 is greedy. top_k <= 0 disables top-k; top_p = 1.0 disables top-p. Generation stops at an EOS
     token (unless ignore_eos), at any of stop_token_ids (the stop token is kept in the output, as vLLM does), or
-    after max_tokens tokens. seed makes this request's samples reproducible regardless of what it is batched with,
-    as long as its steps decode the same way: a speculative step consumes random draws differently from a plain
-    one, so under an adaptive policy (which chooses per step from the batch size) the samples, while always from
-    the target's distribution, can depend on the batch.
+    after max_tokens tokens. seed fixes this request's samples: with the engine's default keyed sampling they are the
+    same whatever the request is batched with and whatever mix of plain and speculative steps decodes it (without a
+    seed, the engine's seed and the order requests arrive in pick the key). Under `sampling="rejection"` a
+    speculative step consumes random draws differently from a plain one, so there the samples, while always from
+    the target's distribution, depend on the steps' strategies.
     """
 
     temperature: float = 1.0

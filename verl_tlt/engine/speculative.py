@@ -25,8 +25,13 @@ def draft_trees(
     params: LogitsParams,
     default_generator: torch.Generator,
     device: torch.device,
+    noise: torch.Tensor | None = None,
 ) -> DraftTree:
-    """Sync the drafter with every running row and build one draft tree per row."""
+    """Sync the drafter with every running row and build one draft tree per row.
+
+    noise: keyed Gumbel noise [B, depth + 1, V] of the row's next positions (keyed sampling), or None; a chain
+    then drafts position d as argmax(processed draft logits + noise[:, d]), the draw the target makes there if the
+    drafter matches it. Trees are the drafter's top-k either way."""
     contexts = []
     for request in requests:
         hidden = torch.cat(request.pending_hidden) if request.pending_hidden else None
@@ -37,7 +42,14 @@ def draft_trees(
     if strategy.is_chain:
         generators = [r.generator for r in requests]
         return build_chain(
-            root_tokens, root_logits, drafter.extend_chain, params, strategy.depth, generators, default_generator
+            root_tokens,
+            root_logits,
+            drafter.extend_chain,
+            params,
+            strategy.depth,
+            generators,
+            default_generator,
+            noise=noise,
         )
     return build_eagle2_tree(root_tokens, root_logits, drafter.expand, params, strategy)
 

@@ -23,7 +23,10 @@ _MODULE_OF = {
     "tree_attention_mask": "tree",
     "VerifyResult": "verify",
     "emitted_positions": "verify",
+    "verify_keyed": "verify",
     "verify_tree": "verify",
+    "gumbel_noise": "keyed_noise",
+    "request_key": "keyed_noise",
 }
 
 __all__ = sorted(_MODULE_OF)

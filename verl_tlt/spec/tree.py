@@ -65,8 +65,13 @@ def build_chain(
     depth: int,
     generators: list[torch.Generator | None],
     default_generator: torch.Generator | None = None,
+    noise: torch.Tensor | None = None,
 ) -> DraftTree:
     """Draft `depth` tokens per row: argmax for greedy rows, else a sample from the processed draft distribution.
+
+    With `noise` [B, >= depth, V] (keyed Gumbel noise, zero on greedy rows; see keyed_noise) draft d is
+    argmax(processed draft logits + noise[:, d - 1]), the drafter's own draw with the noise of the position it
+    guesses, and the chain has no draft_probs: keyed verification compares draws and never reads q.
 
     Args:
         root_tokens: [B] last committed token per row. root_logits: [B, V] raw draft logits after it.
@@ -80,6 +85,8 @@ def build_chain(
     rows, device = root_tokens.shape[0], root_tokens.device
     sampled_rows = [row for row, greedy in enumerate(params.greedy_rows) if not greedy]
     all_greedy = not sampled_rows
+    if noise is not None and not all_greedy:
+        return _keyed_chain(root_tokens, root_logits, extend, params, depth, noise)
     sampled = torch.tensor(sampled_rows, dtype=torch.long, device=device)
     tokens, probs = [root_tokens], [] if all_greedy else [torch.zeros_like(root_logits, dtype=torch.float32)]
     logits = root_logits
@@ -100,6 +107,27 @@ def build_chain(
     parents = (positions - 1).clamp(min=0)
     draft_probs = None if all_greedy else torch.stack(probs, dim=1)
     return DraftTree(torch.stack(tokens, dim=1), parents, positions.clone(), draft_probs, is_chain=True)
+
+
+def _keyed_chain(
+    root_tokens: torch.Tensor,
+    root_logits: torch.Tensor,
+    extend: ChainExtendFn,
+    params: LogitsParams,
+    depth: int,
+    noise: torch.Tensor,
+) -> DraftTree:
+    """build_chain's keyed drafts: argmax(processed draft logits + the noise of the guessed position)."""
+    rows, device = root_tokens.shape[0], root_tokens.device
+    tokens, logits = [root_tokens], root_logits
+    for level in range(1, depth + 1):
+        drafted = (params.process(logits) + noise[:, level - 1]).argmax(dim=-1)
+        tokens.append(drafted)
+        if level < depth:
+            logits = extend(level, drafted)
+    positions = torch.arange(depth + 1, device=device).expand(rows, depth + 1)
+    parents = (positions - 1).clamp(min=0)
+    return DraftTree(torch.stack(tokens, dim=1), parents, positions.clone(), None, is_chain=True)
 
 
 def build_eagle2_tree(

@@ -9,6 +9,8 @@ Given the target's processed logits at every tree node (one forward), walk down 
   min(1, p/q), else sample the residual); with deterministic drafts q is a point mass on the drafted token, so
   each rejection just removes that token from r. Either way the emitted token at each node has exactly
   distribution p, and a node without children yields the bonus token sampled from p.
+Keyed sampling (`verify_keyed`, see keyed_noise) needs neither: it is the greedy walk on logits perturbed with the
+noise of each node's position, and emits exactly what plain decoding with the same noise emits.
 
 The emitted tokens are path[1:]'s tokens plus one final token; token j comes from the distribution at path[j],
 so log-probs for emitted tokens are read at those nodes (see `emitted_log_probs`).
@@ -73,6 +75,22 @@ def verify_tree(
             target_probs = target_logits[row].softmax(dim=-1)  # [N+1, V]
             results.append(_walk_sampled(target_probs, draft_probs, tokens[row], children, generator))
     return results
+
+
+def verify_keyed(tree: DraftTree, target_logits: torch.Tensor, noise: torch.Tensor) -> list[VerifyResult]:
+    """Keyed verification (see keyed_noise): node d's token is the target's draw argmax(logits + noise[:, d]) at the
+    row's next position + d; drafts are accepted while they equal those draws, and the first draw that no child
+    matches is emitted. That is the greedy walk on the perturbed logits, so the emitted tokens are exactly the ones
+    plain decoding with the same noise emits.
+
+    Args:
+        tree: draft trees, N+1 nodes per row. target_logits: [B, N+1, V] processed target logits.
+        noise: [B, >= depth + 1, V] keyed Gumbel noise of each row's next positions (zero on greedy rows).
+    """
+    depths = tree.depths.unsqueeze(-1).expand_as(target_logits)
+    node_noise = noise[:, : tree.num_nodes] if tree.is_chain else noise.gather(1, depths)
+    every_row = torch.ones(target_logits.shape[0], dtype=torch.bool, device=target_logits.device)
+    return verify_tree(tree, target_logits + node_noise, every_row, [None] * target_logits.shape[0])
 
 
 def emitted_positions(
