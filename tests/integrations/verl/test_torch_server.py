@@ -99,6 +99,7 @@ def test_compile_option_reaches_the_engine(tiny_qwen2):  # noqa: F811
         ({"compile": "yes"}, "engine_kwargs.torch.compile must be true or false, got 'yes'"),
         ({"cuda_graphs": 1}, "engine_kwargs.torch.cuda_graphs must be true or false, got 1"),
         ({"num_thread": 2}, "Unknown key(s) ['num_thread'] in actor_rollout_ref.rollout.engine_kwargs.torch"),
+        ({"sampling": "nucleus"}, "engine_kwargs.torch.sampling must be one of ['keyed', 'rejection'], got 'nucleus'"),
     ],
 )
 def test_bad_engine_kwargs_name_the_key(tiny_qwen2, torch_kwargs, message):  # noqa: F811

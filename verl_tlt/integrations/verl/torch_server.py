@@ -18,12 +18,13 @@ from typing import Any
 import torch
 
 from verl_tlt.engine import CompletionOutput, RolloutEngine, SamplingParams
+from verl_tlt.engine.engine import SAMPLING_MODES
 from verl_tlt.engine.torch_threads import with_torch_threads
 from verl_tlt.integrations.verl.rollout_trace import RolloutTrace, append_jsonl
 
 logger = logging.getLogger(__name__)
 
-TORCH_ENGINE_KWARGS = ("num_threads", "max_num_seqs", "trace_path", "compile", "cuda_graphs")
+TORCH_ENGINE_KWARGS = ("num_threads", "max_num_seqs", "trace_path", "compile", "cuda_graphs", "sampling")
 _DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -48,6 +49,11 @@ def torch_engine_kwargs(config) -> dict[str, Any]:
             raise ValueError(
                 f"actor_rollout_ref.rollout.engine_kwargs.torch.{key} must be true or false, got {kwargs[key]!r}"
             )
+    if kwargs.get("sampling", "keyed") not in SAMPLING_MODES:
+        raise ValueError(
+            f"actor_rollout_ref.rollout.engine_kwargs.torch.sampling must be one of {list(SAMPLING_MODES)}, got "
+            f"{kwargs['sampling']!r}"
+        )
     return kwargs
 
 
@@ -96,6 +102,7 @@ class TorchRolloutServer:
             logprobs_mode=self.config.logprobs_mode or "processed_logprobs",
             compile=kwargs.get("compile", False),
             cuda_graphs=kwargs.get("cuda_graphs", False),
+            sampling=kwargs.get("sampling", "keyed"),
         )
         self._thread = threading.Thread(
             target=with_torch_threads(self._run_engine, num_threads),
