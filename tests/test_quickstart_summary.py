@@ -135,3 +135,12 @@ def test_read_trace_skips_validation_records(tmp_path):
     ]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert sorted(read_trace(path)) == [0, 1]
+
+
+def test_same_responses_steps_counts_the_steps_each_run_sampled_like_the_baseline():
+    from verl_tlt.quickstart import same_responses_steps
+
+    baseline = {1: [("p", "a"), ("q", "b")], 2: [("p", "c")]}
+    responses = {"baseline": baseline, "tlt": dict(baseline), "frozen": {1: baseline[1], 2: [("p", "d")]}}
+    assert same_responses_steps(responses) == {"tlt": "2/2", "frozen": "1/2"}
+    assert same_responses_steps({"baseline": baseline, "tlt": {1: baseline[1]}}) == {"tlt": "1/2"}

@@ -91,6 +91,16 @@ def toy_grpo_overrides(
     ]
 
 
+def same_responses_steps(responses: dict[str, dict[int, list]]) -> dict[str, str]:
+    """Per run: in how many steps it sampled exactly the baseline's responses ("k/n")."""
+    baseline = responses.get("baseline", {})
+    return {
+        name: f"{sum(by_step.get(step) == dump for step, dump in baseline.items())}/{len(baseline)}"
+        for name, by_step in responses.items()
+        if name != "baseline"
+    }
+
+
 def check_same_tokenizer(world_model_dir: Path, actor_dir: Path) -> None:
     """The parquet prompts and the reward parse text in the world's tokenizer; the actor must use the same one.
 
@@ -136,13 +146,18 @@ def run_comparison(args: argparse.Namespace) -> dict:
         replicas=args.replicas,
     )
     common += [
+        # verl names each request after its sample slot and routes it by that name; the torch rollout seeds its
+        # keyed sampling from the name. Every slot then samples alike in the three runs, and speculative decoding
+        # changes no token, so the runs differ in how fast they decode, not in what they sample (as long as
+        # training, which sees the same samples, stays bitwise the same).
+        "actor_rollout_ref.rollout.full_determinism=true",
         "reward.custom_reward_function.name=compute_score_concise",
         f"tlt.drafter.init={drafter}",
         *TOY_DRAFTER_OVERRIDES,
         *CPU_STRATEGY_OVERRIDES,
     ]
     out = Path(args.out)
-    runs, wall = {}, {}
+    runs, wall, responses = {}, {}, {}
     for name in args.runs:
         extra = RUNS[name]
         run_dir = (out / name).resolve()
@@ -155,10 +170,12 @@ def run_comparison(args: argparse.Namespace) -> dict:
         rollouts = {m["step"]: read_rollouts(result.rollout_dump_dir, m["step"]) for m in result.metrics}
         runs[name] = step_rows(result.metrics, read_trace(run_dir / TRACE_FILE), rollouts)
         wall[name] = round(result.wall_s, 1)
+        responses[name] = {step: sorted((r["input"], r["output"]) for r in dump) for step, dump in rollouts.items()}
     complete = set(runs) == set(RUNS)
     return {
         "job": f"toy GRPO on CPU, torch rollout, {args.replicas} replicas: baseline vs TLT vs TLT, frozen drafter",
         **(headline(runs) if complete else {}),
+        "steps_with_baseline_responses": same_responses_steps(responses),
         "wall_s": wall,
         "runs": runs,
         "overrides": common,
@@ -223,6 +240,7 @@ def _print_headline(summary: dict) -> None:
         f"same samples (TLT run, teacher-forced estimate, last 3 steps): online {show(paired['online'])} vs "
         f"initial drafter {show(paired['frozen'])} (ratio {show(summary['paired_acceptance_ratio_online_vs_frozen'])})"
     )
+    print(f"steps whose sampled responses equal the baseline's: {summary['steps_with_baseline_responses']}")
     print(
         f"rollout time TLT / baseline: {show(summary['rollout_time_ratio_tlt_vs_baseline'])} "
         f"(server-measured, all steps); step time TLT / baseline: {show(summary['step_time_ratio_tlt_vs_baseline'])}"
