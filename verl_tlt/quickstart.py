@@ -19,6 +19,7 @@ import logging
 import os
 from pathlib import Path
 
+from verl_tlt.integrations.verl.request_seeds import SLOT_AGENT_LOOP
 from verl_tlt.quickstart_summary import format_table, headline, read_trace, step_rows
 from verl_tlt.verl_job import read_rollouts, run_verl_job
 
@@ -146,11 +147,11 @@ def run_comparison(args: argparse.Namespace) -> dict:
         replicas=args.replicas,
     )
     common += [
-        # verl names each request after its sample slot and routes it by that name; the torch rollout seeds its
-        # keyed sampling from the name. Every slot then samples alike in the three runs, and speculative decoding
-        # changes no token, so the runs differ in how fast they decode, not in what they sample (as long as
-        # training, which sees the same samples, stays bitwise the same).
-        "actor_rollout_ref.rollout.full_determinism=true",
+        # Requests named after their sample slot, whose keyed sampling the torch rollout seeds from that name: every
+        # slot samples alike in the three runs, and speculative decoding changes no token, so the runs differ in
+        # how fast they decode, not in what they sample (as long as training, which then sees the same samples,
+        # stays bitwise the same).
+        f"actor_rollout_ref.rollout.agent.default_agent_loop={SLOT_AGENT_LOOP}",
         "reward.custom_reward_function.name=compute_score_concise",
         f"tlt.drafter.init={drafter}",
         *TOY_DRAFTER_OVERRIDES,

@@ -10,11 +10,15 @@ PROBE = r"""
 import json, sys, time
 t0 = time.perf_counter()
 import verl
-heavy_before = sorted(m for m in ("verl.workers.rollout.base", "verl.trainer.ppo.v1", "vllm") if m in sys.modules)
+heavy_before = sorted(
+    m for m in ("verl.workers.rollout.base", "verl.trainer.ppo.v1", "verl.experimental.agent_loop", "vllm")
+    if m in sys.modules
+)
 from verl.plugin.platform import PlatformRegistry, get_platform
 from verl.workers.rollout.base import get_rollout_class
 from verl.workers.rollout.replica import RolloutReplicaRegistry
 from verl.trainer.ppo.v1 import get_trainer_cls
+from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
 from verl_tlt.integrations.verl.plugin import REGISTERED
 print(json.dumps({
     "heavy_before": heavy_before,
@@ -23,6 +27,7 @@ print(json.dumps({
     "replica": RolloutReplicaRegistry.get("torch").__name__,
     "trainer": get_trainer_cls("tlt_sync").__name__,
     "registered": REGISTERED,
+    "agent_loop": _agent_loop_registry.get("slot_seeded_single_turn_agent"),
 }))
 """
 
@@ -47,6 +52,10 @@ def test_plugin_registers_platform_rollout_and_trainer_mode_in_a_fresh_process()
         "rollout adapter:torch",
         "rollout replica:torch",
         "trainer mode:tlt_sync",
+        "agent loop:slot_seeded_single_turn_agent",
+    }
+    assert seen["agent_loop"] == {
+        "_target_": "verl_tlt.integrations.verl.slot_seeded_agent_loop.SlotSeededSingleTurnAgentLoop"
     }
 
 

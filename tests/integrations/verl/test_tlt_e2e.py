@@ -11,6 +11,7 @@ import math
 
 import pytest
 
+from verl_tlt.integrations.verl.request_seeds import SLOT_AGENT_LOOP as AGENT_LOOP_NAME
 from verl_tlt.quickstart import toy_grpo_overrides
 from verl_tlt.toy.build import build_toy_world
 from verl_tlt.toy.sft import ensure_toy_target
@@ -147,11 +148,11 @@ def test_greedy_rollouts_are_identical_with_tlt_on_and_off(world, target, tmp_pa
 
 
 def test_sampled_rollouts_are_identical_with_tlt_on_and_off(world, target, tmp_path):
-    # With verl's full_determinism, each request is named after its sample slot and routed by that name, and the
-    # torch rollout seeds its keyed sampling from the name (request_seeds). Speculative decoding emits plain
-    # decoding's samples under keyed sampling, so with the policy moving (lr 1e-3, REINFORCE++) and 2 samples per
-    # prompt, every step's sampled responses must be the same with TLT on and off.
-    determinism = ["actor_rollout_ref.rollout.full_determinism=true"]
+    # The slot-seeded agent loop names each request after its sample slot, and the torch rollout seeds its keyed
+    # sampling from that name (request_seeds). Speculative decoding emits plain decoding's samples under keyed
+    # sampling, so with the policy moving (lr 1e-3, REINFORCE++) and 2 samples per prompt, every step's sampled
+    # responses must be the same with TLT on and off.
+    determinism = [f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_LOOP_NAME}"]
     off, on = (
         run(world, target, tmp_path / name, greedy=False, tlt=tlt, group_size=2, extra=determinism)
         for name, tlt in (("off", False), ("on", True))

@@ -41,6 +41,12 @@ def _register_trainer_mode(_: ModuleType) -> None:
     REGISTERED.append("trainer mode:tlt_sync")
 
 
+def _register_agent_loop(_: ModuleType) -> None:
+    from verl_tlt.integrations.verl.slot_seeded_agent_loop import AGENT_LOOP_NAME
+
+    REGISTERED.append(f"agent loop:{AGENT_LOOP_NAME}")
+
+
 def _guarded(what: str, callback):
     def run(module: ModuleType) -> None:
         try:
@@ -61,6 +67,10 @@ def register() -> None:
     when_imported("verl.workers.rollout.base", _guarded("torch rollout adapter", _register_rollout_adapter))
     when_imported("verl.workers.rollout.replica", _guarded("torch rollout replica", _register_rollout_replica))
     when_imported("verl.trainer.ppo.v1", _guarded("tlt_sync trainer mode", _register_trainer_mode))
+    when_imported(
+        "verl.experimental.agent_loop.single_turn_agent_loop",
+        _guarded("slot-seeded agent loop", _register_agent_loop),
+    )
 
 
 try:

@@ -1,28 +1,43 @@
-"""Sampling seeds for verl's requests under `actor_rollout_ref.rollout.full_determinism=true`.
+"""Sampling seeds for verl requests named after their sample slot, so that sampled runs are reproducible.
 
-verl's agent loops send requests without a seed. With full determinism on, verl 0.9.1 names each request after its
-sample's index in the batch (`det-<priority>`) and routes it by that name, so a request lands on the same replica
-with the same name in every run of the same config and data. The torch rollout then seeds the request's keyed
-sampling (`verl_tlt.spec.keyed_noise`) from the rollout seed, the replica's rollout count and that name: each sample
-slot draws the same tokens in every such run, and speculative decoding changes none of them, so a run with TLT on
-samples exactly the responses of the same run with TLT off.
+verl's agent loops send requests without a seed, under random ids, and route them by load, so the order in which
+requests reach a replica, and which replica, varies from run to run. The `slot_seeded_single_turn_agent` agent loop
+(slot_seeded_agent_loop) names each request after its slot instead: the prompt's dataset index and the sample's
+number within its group (`slot_request_id`). The torch rollout seeds the request's keyed sampling
+(`verl_tlt.spec.keyed_noise`) from that name, the replica's rollout count and the prompt's tokens
+(`slot_seed`). Replicas count rollouts alike (each is put to sleep after every training rollout), so a slot draws
+the same tokens in every run of the same config and data, whichever replica serves it.
 
-The rollout count is the number of times verl put the replica to sleep. verl validates without sleeping the
-replicas, so a validation's requests share the count of the training rollout after them: the same sample slot of
-the two draws with the same noise, on different prompts (each is still an exact draw from its own distribution).
+verl validates without sleeping the replicas, so a validation's requests share the count of the training rollout
+after them; their prompts differ, and the prompt is part of the seed.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
+from typing import Any
 
-DETERMINISTIC_PREFIX = "det-"  # verl's request ids under full_determinism
+SLOT_PREFIX = "tlt-slot-"
+# The agent loop that names requests after their slots (registered with verl by the plugin; slot_seeded_agent_loop).
+SLOT_AGENT_LOOP = "slot_seeded_single_turn_agent"
 
 
-def deterministic_seed(base_seed: int, rollout: int, request_id: str) -> int | None:
-    """A 64-bit seed for a request of rollout number `rollout`, or None when `request_id` is not a deterministic
-    (full_determinism) id."""
-    if not request_id.startswith(DETERMINISTIC_PREFIX):
+def slot_request_id(index: Any, session_id: Any, priority: Any = None) -> str | None:
+    """The request id naming a sample slot, or None without a dataset index.
+
+    verl's V1 trainers spawn a group's samples from one prompt with session ids 0..n-1; its classic agent loop
+    repeats the prompt rows instead, giving each sample its own batch position (`priority`)."""
+    if index is None:
         return None
-    material = f"{int(base_seed)}/{int(rollout)}/{request_id}".encode()
-    return int.from_bytes(hashlib.blake2b(material, digest_size=8).digest(), "little")
+    member = f"s{int(session_id)}" if session_id is not None else f"p{int(priority or 0)}"
+    return f"{SLOT_PREFIX}{int(index)}-{member}"
+
+
+def slot_seed(base_seed: int, rollout: int, request_id: str, prompt_ids: Sequence[int]) -> int | None:
+    """A 64-bit sampling seed for a slot-named request, or None for any other request id."""
+    if not request_id.startswith(SLOT_PREFIX):
+        return None
+    header = f"{int(base_seed)}/{int(rollout)}/{request_id}/".encode()
+    prompt = b",".join(str(int(token)).encode() for token in prompt_ids)
+    return int.from_bytes(hashlib.blake2b(header + prompt, digest_size=8).digest(), "little")

@@ -20,7 +20,7 @@ import torch
 from verl_tlt.engine import CompletionOutput, RolloutEngine, SamplingParams
 from verl_tlt.engine.engine import SAMPLING_MODES
 from verl_tlt.engine.torch_threads import with_torch_threads
-from verl_tlt.integrations.verl.request_seeds import deterministic_seed
+from verl_tlt.integrations.verl.request_seeds import slot_seed
 from verl_tlt.integrations.verl.rollout_trace import RolloutTrace, append_jsonl
 
 logger = logging.getLogger(__name__)
@@ -87,7 +87,6 @@ class TorchRolloutServer:
         self.trace = RolloutTrace(replica_rank)
         self.last_rollout: dict[str, Any] | None = None
         self._trace_path: str | None = None
-        self._seeds_from_ids = False
         # Times verl slept this replica (rollouts it finished). Not validations: only TLT reports those
         # (end_validation), and the count must be the same with TLT on and off.
         self._rollouts = 0
@@ -109,8 +108,6 @@ class TorchRolloutServer:
             cuda_graphs=kwargs.get("cuda_graphs", False),
             sampling=kwargs.get("sampling", "keyed"),
         )
-        # verl's full_determinism names requests after their sample slot: seed each from its name (request_seeds).
-        self._seeds_from_ids = bool(self.config.get("full_determinism", False)) and self.engine.keyed_sampling
         self._thread = threading.Thread(
             target=with_torch_threads(self._run_engine, num_threads),
             name=f"torch-rollout-{self.replica_rank}",
@@ -144,8 +141,8 @@ class TorchRolloutServer:
         room = self.engine.max_model_len - len(prompt_ids)
         if params.max_tokens > room:
             params = SamplingParams(**{**params.__dict__, "max_tokens": max(1, room)})
-        if self._seeds_from_ids and params.seed is None:
-            seed = deterministic_seed(int(self.config.get("seed", 0) or 0), self._rollouts, request_id)
+        if params.seed is None and self.engine.keyed_sampling:  # slot-named requests: seeded from the slot
+            seed = slot_seed(int(self.config.get("seed", 0) or 0), self._rollouts, request_id, prompt_ids)
             if seed is not None:
                 params = SamplingParams(**{**params.__dict__, "seed": seed})
         loop = asyncio.get_running_loop()
