@@ -7,6 +7,7 @@ target needs to be built.
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -148,15 +149,25 @@ def test_greedy_rollouts_are_identical_with_tlt_on_and_off(world, target, tmp_pa
 
 
 def test_sampled_rollouts_are_identical_with_tlt_on_and_off(world, target, tmp_path):
-    # The slot-seeded agent loop names each request after its sample slot, and the torch rollout seeds its keyed
-    # sampling from that name (request_seeds). Speculative decoding emits plain decoding's samples under keyed
-    # sampling, so with the policy moving (lr 1e-3, REINFORCE++) and 2 samples per prompt, every step's sampled
-    # responses must be the same with TLT on and off.
+    # The slot-seeded agent loop seeds each request from its sample slot (request_seeds). Speculative decoding
+    # emits plain decoding's samples under keyed sampling, so with the policy moving (lr 1e-3, REINFORCE++) and 2
+    # samples per prompt, every step's sampled responses must be the same with TLT on and off.
     determinism = [f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_LOOP_NAME}"]
     off, on = (
-        run(world, target, tmp_path / name, greedy=False, tlt=tlt, group_size=2, extra=determinism)
+        run(
+            world,
+            target,
+            tmp_path / name,
+            greedy=False,
+            tlt=tlt,
+            group_size=2,
+            extra=[*determinism, f"+actor_rollout_ref.rollout.engine_kwargs.torch.trace_path={tmp_path / name}.jsonl"],
+        )
         for name, tlt in (("off", False), ("on", True))
     )
+    for name in ("off", "on"):  # every training request came with its slot's seed
+        records = [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+        assert all(r["seeded_requests"] == len(r["response_tokens"]) > 0 for r in records), (name, records)
     off_responses, on_responses = responses_by_step(off), responses_by_step(on)
     assert sorted(off_responses) == sorted(on_responses) == [1, 2, 3]
     for step in off_responses:

@@ -1,12 +1,11 @@
-"""verl's single-turn agent loop with requests named after their sample slot, for reproducible sampled rollouts.
+"""verl's single-turn agent loop with each request seeded from its sample slot, for reproducible sampled rollouts.
 
-verl names a request with a random id and routes it by load, so the torch rollout cannot tell which sample of which
-prompt a request is. This agent loop (`actor_rollout_ref.rollout.agent.default_agent_loop=
-slot_seeded_single_turn_agent`) is verl's `single_turn_agent` with one change: the request id names the slot, the
-prompt's dataset index and the sample's number within its group (`slot_request_id`). The torch rollout seeds the
-request's keyed sampling from that name, its rollout count and the prompt (`request_seeds`), so every slot draws the
-same tokens in every run of the same config and data, on whichever replica it lands, and speculative decoding
-changes none of them: a run with TLT on samples exactly what the same run with TLT off samples.
+`actor_rollout_ref.rollout.agent.default_agent_loop=slot_seeded_single_turn_agent` runs verl's `single_turn_agent`
+with one change: the request's sampling parameters carry a seed derived from its slot (training step, the prompt's
+dataset index, the sample's number in its group) and its prompt (`request_seeds`). With the torch rollout's keyed
+sampling every slot then draws the same tokens in every run of the same config and data, on whichever replica it
+lands, and speculative decoding changes none of them: a run with TLT on samples exactly what the same run with TLT
+off samples. A request that already has a seed keeps it.
 """
 
 from __future__ import annotations
@@ -16,19 +15,21 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import register
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 
-from verl_tlt.integrations.verl.request_seeds import SLOT_AGENT_LOOP, slot_request_id
+from verl_tlt.integrations.verl.request_seeds import SLOT_AGENT_LOOP, slot_name, slot_seed
 
 AGENT_LOOP_NAME = SLOT_AGENT_LOOP
 
 
-class _SlotNamedRequests:
-    """The agent loop's server manager, with the request id of `generate` replaced by the slot's name."""
+class _SeededRequests:
+    """The agent loop's server manager, with a slot seed added to the sampling parameters of `generate`."""
 
-    def __init__(self, server_manager: Any, request_id: str):
-        self._server_manager, self._request_id = server_manager, request_id
+    def __init__(self, server_manager: Any, base_seed: int, slot: str):
+        self._server_manager, self._base_seed, self._slot = server_manager, base_seed, slot
 
-    async def generate(self, *, request_id: str, **kwargs: Any) -> Any:
-        return await self._server_manager.generate(request_id=self._request_id, **kwargs)
+    async def generate(self, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kwargs: Any) -> Any:
+        if sampling_params.get("seed") is None:
+            sampling_params = {**sampling_params, "seed": slot_seed(self._base_seed, self._slot, prompt_ids)}
+        return await self._server_manager.generate(prompt_ids=prompt_ids, sampling_params=sampling_params, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._server_manager, name)
@@ -37,7 +38,18 @@ class _SlotNamedRequests:
 @register(AGENT_LOOP_NAME)
 class SlotSeededSingleTurnAgentLoop(SingleTurnAgentLoop):
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any):
-        request_id = slot_request_id(kwargs.get("index"), kwargs.get("session_id"), kwargs.get("priority"))
-        if request_id is not None:  # an agent loop instance serves one sample
-            self.server_manager = _SlotNamedRequests(self.server_manager, request_id)
+        slot = slot_name(
+            _plain(kwargs.get("global_steps")),
+            _plain(kwargs.get("index")),
+            _plain(kwargs.get("session_id")),
+            _plain(kwargs.get("priority")),
+        )
+        if slot is not None:  # an agent loop instance serves one sample
+            base_seed = int(getattr(self.rollout_config, "seed", 0) or 0)
+            self.server_manager = _SeededRequests(self.server_manager, base_seed, slot)
         return await super().run(sampling_params, **kwargs)
+
+
+def _plain(value: Any) -> Any:
+    """A tensor or numpy scalar from verl's batch as a Python number (None stays None)."""
+    return value.item() if hasattr(value, "item") else value

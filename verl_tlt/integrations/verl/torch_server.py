@@ -20,7 +20,6 @@ import torch
 from verl_tlt.engine import CompletionOutput, RolloutEngine, SamplingParams
 from verl_tlt.engine.engine import SAMPLING_MODES
 from verl_tlt.engine.torch_threads import with_torch_threads
-from verl_tlt.integrations.verl.request_seeds import slot_seed
 from verl_tlt.integrations.verl.rollout_trace import RolloutTrace, append_jsonl
 
 logger = logging.getLogger(__name__)
@@ -87,9 +86,7 @@ class TorchRolloutServer:
         self.trace = RolloutTrace(replica_rank)
         self.last_rollout: dict[str, Any] | None = None
         self._trace_path: str | None = None
-        # Times verl slept this replica (rollouts it finished). Not validations: only TLT reports those
-        # (end_validation), and the count must be the same with TLT on and off.
-        self._rollouts = 0
+        self._seeded = 0  # requests of the current rollout that came with a sampling seed (in the trace record)
 
     def init_engine(self) -> None:
         kwargs = torch_engine_kwargs(self.config)
@@ -141,10 +138,7 @@ class TorchRolloutServer:
         room = self.engine.max_model_len - len(prompt_ids)
         if params.max_tokens > room:
             params = SamplingParams(**{**params.__dict__, "max_tokens": max(1, room)})
-        if params.seed is None and self.engine.keyed_sampling:  # slot-named requests: seeded from the slot
-            seed = slot_seed(int(self.config.get("seed", 0) or 0), self._rollouts, request_id, prompt_ids)
-            if seed is not None:
-                params = SamplingParams(**{**params.__dict__, "seed": seed})
+        self._seeded += params.seed is not None
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         internal_id = f"{request_id}#{next(self._ids)}"
@@ -289,8 +283,8 @@ class TorchRolloutServer:
 
     def sleep(self) -> None:
         # The rollout phase is over when verl sleeps the replicas: close this replica's record of it.
-        record = self.trace.close({"drafter_version": self.drafter_version()})
-        self._rollouts += 1
+        record = self.trace.close({"drafter_version": self.drafter_version(), "seeded_requests": self._seeded})
+        self._seeded = 0
         if record is not None:
             self.last_rollout = record
             if self._trace_path:
