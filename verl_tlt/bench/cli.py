@@ -51,6 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     sd.add_argument("--cuda-graphs", action="store_true", help="RolloutEngine(cuda_graphs=True) (CUDA only)")
     sd.add_argument(
+        "--sampling",
+        choices=["keyed", "rejection"],
+        default="keyed",
+        help="RolloutEngine(sampling=...): how sampled rows draw and verify (keyed Gumbel coupling, or rejection)",
+    )
+    sd.add_argument(
         "--toy-shape",
         default="default",
         help="toy target shape (verl_tlt.toy.model.TOY_SHAPES); deep = 8 layers of width 96, trained and cached on "
@@ -142,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             device=args.device,
             compile=args.compile,
             cuda_graphs=args.cuda_graphs,
+            sampling=args.sampling,
         )
     elif args.name == "engine":
         from verl_tlt.bench.engine_bench import MODELS, run

@@ -82,6 +82,7 @@ def run(
     device: str = "cpu",
     compile: bool = False,
     cuda_graphs: bool = False,
+    sampling: str = "keyed",
 ) -> dict:
     from verl_tlt.toy.drafter import ensure_toy_drafter, toy_prompts
     from verl_tlt.toy.sft import ensure_toy_target
@@ -94,6 +95,7 @@ def run(
         device=device,
         compile=compile,
         cuda_graphs=cuda_graphs,
+        sampling=sampling,
     )
     prompts = toy_prompts(target, max(max(batch_sizes) * rounds, acceptance_prompts), PROBLEM_SEED)
     engine.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=8), strategy=strategies[0])  # warm-up
@@ -133,6 +135,7 @@ def run(
         "rounds": rounds,
         "device": device,
         "compiled": compile,
+        "sampling": sampling,
         "cuda_graphs": engine.graphs.memory_report() if engine.graphs is not None else None,
         "torch_threads": torch.get_num_threads(),
         "dtype": "float32",
@@ -154,7 +157,7 @@ def measure_acceptance(engine: RolloutEngine, prompts, strategy: str, max_tokens
     result = {}
     engine.max_num_seqs = 1
     for name, temperature in (("greedy", 0.0), ("t1", 1.0)):
-        params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0)
+        params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
         result[name] = round(acceptance_length(engine.generate(prompts, params, strategy=strategy)), 3)
         print(f"acceptance length ({name}, batch 1, {strategy}): {result[name]:.2f}", flush=True)
     return result
