@@ -97,17 +97,25 @@ def test_perfect_drafter_is_fully_accepted_and_adversarial_not_at_all(varied_qwe
         assert output.stats["num_verify_steps"] == len(output.token_ids) - 1  # first token comes from prefill
 
 
-def test_engine_switches_between_plain_and_sd_at_any_step(varied_qwen2):
-    plain = make_engine(varied_qwen2, max_num_seqs=8).generate(PROMPTS, GREEDY)
-    engine = make_engine(varied_qwen2, HFModelDrafter(varied_qwen2[1], noise=0.5, check_hidden=True), max_num_seqs=8)
-    for prompt in PROMPTS:
-        engine.add_request(prompt, GREEDY, request_id=str(len(engine.waiting)))
-    schedule = [None, "3_1_3", "3_2_5", None, None, "2_1_2", "4_3_9"]
+MIXED_SCHEDULE = [None, "3_1_3", "3_2_5", None, None, "2_1_2", "4_3_9"]
+
+
+def run_schedule(engine: RolloutEngine, schedule: list[str | None]) -> dict:
+    """Step the engine to the end with strategies from `schedule` in turn (None = plain); outputs by request id."""
     done, step = {}, 0
     while engine.has_unfinished():
         for output in engine.step(schedule[step % len(schedule)]):
             done[output.request_id] = output
         step += 1
+    return done
+
+
+def test_engine_switches_between_plain_and_sd_at_any_step(varied_qwen2):
+    plain = make_engine(varied_qwen2, max_num_seqs=8).generate(PROMPTS, GREEDY)
+    engine = make_engine(varied_qwen2, HFModelDrafter(varied_qwen2[1], noise=0.5, check_hidden=True), max_num_seqs=8)
+    for prompt in PROMPTS:
+        engine.add_request(prompt, GREEDY, request_id=str(len(engine.waiting)))
+    done = run_schedule(engine, MIXED_SCHEDULE)
     assert [done[str(i)].token_ids for i in range(len(PROMPTS))] == [o.token_ids for o in plain]
     assert engine.drafter.hidden_checks > 0  # the drafter saw exactly the target's hidden states
 
@@ -277,16 +285,8 @@ def test_keyed_sampling_with_plain_and_sd_steps_mixed_and_greedy_rows_in_the_bat
     engine = make_engine(varied_qwen2, HFModelDrafter(varied_qwen2[1], noise=0.5), max_num_seqs=8)
     for index, (prompt, p) in enumerate(zip(PROMPTS, params, strict=True)):
         engine.add_request(prompt, p, request_id=str(index))
-    schedule = [None, "3_1_3", "3_2_5", None, None, "2_1_2", "4_3_9"]
-    done, step = {}, 0
-    while engine.has_unfinished():
-        for output in engine.step(schedule[step % len(schedule)]):
-            done[output.request_id] = output
-        step += 1
-    expected = {}
-    while reference.has_unfinished():
-        expected.update({o.request_id: o.token_ids for o in reference.step()})
-    assert {key: o.token_ids for key, o in done.items()} == expected
+    expected = {key: o.token_ids for key, o in run_schedule(reference, [None]).items()}
+    assert {key: o.token_ids for key, o in run_schedule(engine, MIXED_SCHEDULE).items()} == expected
 
 
 def test_a_seeded_request_samples_the_same_tokens_in_any_batch_and_with_any_strategy(varied_qwen2):
@@ -295,12 +295,7 @@ def test_a_seeded_request_samples_the_same_tokens_in_any_batch_and_with_any_stra
     engine = make_engine(varied_qwen2, HFModelDrafter(varied_qwen2[1], noise=1.0), max_num_seqs=5)
     for index, prompt in enumerate(PROMPTS):
         engine.add_request(prompt, seeded if index == 2 else SAMPLED, request_id=str(index))
-    done, step = {}, 0
-    while engine.has_unfinished():
-        for output in engine.step(["4_1_4", None, "3_2_5"][step % 3]):
-            done[output.request_id] = output
-        step += 1
-    assert done["2"].token_ids == alone
+    assert run_schedule(engine, ["4_1_4", None, "3_2_5"])["2"].token_ids == alone
     assert make_engine(varied_qwen2, seed=7).generate([PROMPTS[2]], seeded)[0].token_ids == alone  # seed, not engine
 
 
