@@ -85,14 +85,15 @@ def build_chain(
     rows, device = root_tokens.shape[0], root_tokens.device
     sampled_rows = [row for row, greedy in enumerate(params.greedy_rows) if not greedy]
     all_greedy = not sampled_rows
-    if noise is not None and not all_greedy:
-        return _keyed_chain(root_tokens, root_logits, extend, params, depth, noise)
+    keyed = noise is not None and not all_greedy
     sampled = torch.tensor(sampled_rows, dtype=torch.long, device=device)
-    tokens, probs = [root_tokens], [] if all_greedy else [torch.zeros_like(root_logits, dtype=torch.float32)]
+    tokens, probs = [root_tokens], [] if all_greedy or keyed else [torch.zeros_like(root_logits, dtype=torch.float32)]
     logits = root_logits
     for level in range(1, depth + 1):
         if all_greedy:
             drafted = logits.argmax(dim=-1)
+        elif keyed:
+            drafted = (params.process(logits) + noise[:, level - 1]).argmax(dim=-1)
         else:
             draft_probs = params.process(logits).softmax(dim=-1)  # [B, V]
             drafted = draft_probs.argmax(dim=-1)
@@ -105,29 +106,8 @@ def build_chain(
             logits = extend(level, drafted)
     positions = torch.arange(depth + 1, device=device).expand(rows, depth + 1)
     parents = (positions - 1).clamp(min=0)
-    draft_probs = None if all_greedy else torch.stack(probs, dim=1)
+    draft_probs = None if all_greedy or keyed else torch.stack(probs, dim=1)
     return DraftTree(torch.stack(tokens, dim=1), parents, positions.clone(), draft_probs, is_chain=True)
-
-
-def _keyed_chain(
-    root_tokens: torch.Tensor,
-    root_logits: torch.Tensor,
-    extend: ChainExtendFn,
-    params: LogitsParams,
-    depth: int,
-    noise: torch.Tensor,
-) -> DraftTree:
-    """build_chain's keyed drafts: argmax(processed draft logits + the noise of the guessed position)."""
-    rows, device = root_tokens.shape[0], root_tokens.device
-    tokens, logits = [root_tokens], root_logits
-    for level in range(1, depth + 1):
-        drafted = (params.process(logits) + noise[:, level - 1]).argmax(dim=-1)
-        tokens.append(drafted)
-        if level < depth:
-            logits = extend(level, drafted)
-    positions = torch.arange(depth + 1, device=device).expand(rows, depth + 1)
-    parents = (positions - 1).clamp(min=0)
-    return DraftTree(torch.stack(tokens, dim=1), parents, positions.clone(), None, is_chain=True)
 
 
 def build_eagle2_tree(

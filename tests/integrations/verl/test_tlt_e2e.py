@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from verl_tlt.integrations.verl.request_seeds import SLOT_AGENT_LOOP as AGENT_LOOP_NAME
+from verl_tlt.integrations.verl.request_seeds import SLOT_AGENT_LOOP
 from verl_tlt.quickstart import toy_grpo_overrides
 from verl_tlt.toy.build import build_toy_world
 from verl_tlt.toy.sft import ensure_toy_target
@@ -152,7 +152,7 @@ def test_sampled_rollouts_are_identical_with_tlt_on_and_off(world, target, tmp_p
     # The slot-seeded agent loop seeds each request from its sample slot (request_seeds). Speculative decoding
     # emits plain decoding's samples under keyed sampling, so with the policy moving (lr 1e-3, REINFORCE++) and 2
     # samples per prompt, every step's sampled responses must be the same with TLT on and off.
-    determinism = [f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_LOOP_NAME}"]
+    determinism = [f"actor_rollout_ref.rollout.agent.default_agent_loop={SLOT_AGENT_LOOP}"]
     off, on = (
         run(
             world,

@@ -42,9 +42,9 @@ def _register_trainer_mode(_: ModuleType) -> None:
 
 
 def _register_agent_loop(_: ModuleType) -> None:
-    from verl_tlt.integrations.verl.slot_seeded_agent_loop import AGENT_LOOP_NAME
+    from verl_tlt.integrations.verl.slot_seeded_agent_loop import SLOT_AGENT_LOOP  # importing it registers it
 
-    REGISTERED.append(f"agent loop:{AGENT_LOOP_NAME}")
+    REGISTERED.append(f"agent loop:{SLOT_AGENT_LOOP}")
 
 
 def _guarded(what: str, callback):

@@ -17,8 +17,6 @@ from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentL
 
 from verl_tlt.integrations.verl.request_seeds import SLOT_AGENT_LOOP, slot_name, slot_seed
 
-AGENT_LOOP_NAME = SLOT_AGENT_LOOP
-
 
 class _SeededRequests:
     """The agent loop's server manager, with a slot seed added to the sampling parameters of `generate`."""
@@ -35,7 +33,7 @@ class _SeededRequests:
         return getattr(self._server_manager, name)
 
 
-@register(AGENT_LOOP_NAME)
+@register(SLOT_AGENT_LOOP)
 class SlotSeededSingleTurnAgentLoop(SingleTurnAgentLoop):
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any):
         slot = slot_name(
