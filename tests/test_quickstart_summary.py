@@ -105,6 +105,26 @@ def test_headline_ratios_use_the_last_three_steps_and_total_rollout_time():
     assert len(table.splitlines()) == 2 + 4 and "5.33" not in table  # one line per step, no averages
 
 
+def test_acceptance_per_strategy_compares_the_drafters_at_one_strategy(tmp_path):
+    metrics = _metrics(1, 3.0)
+    metrics["tlt/sd/strategy_acceptance/4_1_4"] = 4.0
+    metrics["tlt/sd/strategy_acceptance/2_1_2"] = 2.5
+    (row,) = step_rows([metrics], {}, {})
+    assert row["sd_strategy_acceptance"] == {"4_1_4": 4.0, "2_1_2": 2.5}
+    runs = {
+        "baseline": _rows([4.0] * 3, None),
+        "tlt": _rows([3.0] * 3, [3.0] * 3),
+        "frozen": _rows([3.0] * 3, [3.0] * 3),
+    }
+    for i, (online, fixed) in enumerate([(4.0, 3.0), (4.5, 3.0), (5.0, 2.0)]):
+        runs["tlt"][i]["sd_strategy_acceptance"] = {"4_1_4": online, "2_1_2": 2.0}
+        runs["frozen"][i]["sd_strategy_acceptance"] = {"4_1_4": fixed}
+    by_strategy = headline(runs)["acceptance_by_strategy_last3"]
+    assert by_strategy["4_1_4"] == {"online": 4.5, "frozen": pytest.approx(8 / 3), "ratio": pytest.approx(13.5 / 8)}
+    assert by_strategy["2_1_2"] == {"online": 2.0, "frozen": None, "ratio": None}  # the frozen run never chose it
+    assert headline(runs)["acceptance_ratio_online_vs_frozen"] == pytest.approx(1.0)  # the mixed numbers hide it
+
+
 def test_headline_without_acceptance_reports_none_not_a_number():
     runs = {"baseline": _rows([1.0], None), "tlt": _rows([1.0], None), "frozen": _rows([1.0], None)}
     assert headline(runs)["acceptance_ratio_online_vs_frozen"] is None

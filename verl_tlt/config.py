@@ -167,6 +167,15 @@ class DrafterConfig:
         default=1,
         metadata={"help": "Start spot training once this many rollout replicas have drained while others generate."},
     )
+    record_dir: str = field(
+        default="",
+        metadata={
+            "help": "Save every RL step's captured samples and the policy's shared weights to <dir>/step_NNNNN.pt, "
+            "to compare drafter-training recipes offline on this run's data (verl-tlt bench drafter-replay); "
+            "empty = off. Per captured token about its hidden state's size (hidden_size x 4 bytes in fp32), plus the "
+            "embedding and LM head once per step."
+        },
+    )
     poll_interval_s: float = field(
         default=0.02,
         metadata={
@@ -191,6 +200,11 @@ class DrafterConfig:
             )
         if not self.init:
             raise ValueError(f"{path}.init must be 'target' or a drafter directory, got an empty string")
+        if self.record_dir and not self.train:
+            raise ValueError(
+                f"{path}.record_dir={self.record_dir!r} records what is captured for training, and "
+                f"{path}.train=false captures nothing; set {path}.train=true or drop {path}.record_dir"
+            )
 
 
 @dataclass(frozen=True)

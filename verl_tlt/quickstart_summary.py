@@ -21,6 +21,7 @@ from verl_tlt.toy.task import COMPACT, response_style
 # Step-time parts verl times separately (timing_s/<part>); the rest of timing_s/step is "other".
 STEP_PARTS = ("gen", "old_log_prob", "adv", "update_actor", "update_weights")
 LAST_STEPS = 3
+STRATEGY_ACCEPTANCE = "tlt/sd/strategy_acceptance/"
 
 
 def read_trace(path: Path) -> dict[int, list[dict]]:
@@ -73,6 +74,13 @@ def step_rows(metrics: list[dict], trace: dict[int, list[dict]], rollouts: dict[
         ):
             if key in m:
                 row[key.removeprefix("tlt/").replace("/", "_")] = m[key]
+        by_strategy = {
+            key.removeprefix(STRATEGY_ACCEPTANCE): value
+            for key, value in m.items()
+            if key.startswith(STRATEGY_ACCEPTANCE)
+        }
+        if by_strategy:
+            row["sd_strategy_acceptance"] = by_strategy
         rows.append(row)
     return rows
 
@@ -103,8 +111,17 @@ def headline(runs: dict[str, list[dict]]) -> dict[str, Any]:
     # step's fresh captures (teacher-forced estimate), so both face exactly the same policy.
     paired_online = _mean([r.get("drafter_eval_online_est_acceptance_length") for r in tlt[-LAST_STEPS:]])
     paired_frozen = _mean([r.get("drafter_eval_frozen_est_acceptance_length") for r in tlt[-LAST_STEPS:]])
+    # The engine's acceptance mixes strategies in the proportions each run's policy chose (a chain of 2 caps it at
+    # 3, one of 4 at 5); per strategy, the two drafters compare at equal footing.
+    strategies = sorted({name for r in tlt + frozen for name in r.get("sd_strategy_acceptance", {})})
+    by_strategy = {}
+    for name in strategies:
+        online = _mean([r.get("sd_strategy_acceptance", {}).get(name) for r in tlt[-LAST_STEPS:]])
+        fixed = _mean([r.get("sd_strategy_acceptance", {}).get(name) for r in frozen[-LAST_STEPS:]])
+        by_strategy[name] = {"online": online, "frozen": fixed, "ratio": _ratio(online, fixed)}
     summary = {
         "acceptance_ratio_online_vs_frozen": _ratio(online_last, frozen_last),
+        "acceptance_by_strategy_last3": by_strategy,
         "paired_acceptance_ratio_online_vs_frozen": _ratio(paired_online, paired_frozen),
         "paired_est_acceptance_last3": {"online": paired_online, "frozen": paired_frozen},
         "acceptance_online_last3": online_last,

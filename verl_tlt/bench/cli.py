@@ -91,8 +91,69 @@ def main(argv: list[str] | None = None) -> int:
     replay.add_argument("--epsilon", type=float, default=None, help="override tlt.speculative.epsilon")
     replay.add_argument("--window", type=int, default=None, help="override tlt.speculative.window")
     replay.add_argument("--buckets", nargs="+", type=int, default=None, help="override tlt.speculative.buckets")
+    drafter_replay = sub.add_parser(
+        "drafter-replay",
+        help="a drafter-training recipe replayed on an RL run's recorded captures (tlt.drafter.record_dir)",
+    )
+    drafter_replay.add_argument("--record", required=True, help="the run's tlt.drafter.record_dir")
+    drafter_replay.add_argument("--json", help="write results to this path")
+    drafter_replay.add_argument(
+        "--target", help="the run's initial policy (model.path); default: the quickstart's cached toy target"
+    )
+    drafter_replay.add_argument(
+        "--drafter", help="the run's tlt.drafter.init; default: the quickstart's warmed-up toy drafter"
+    )
+    drafter_replay.add_argument(
+        "--steps-per-rl-step",
+        nargs="+",
+        type=int,
+        default=[4],
+        help="drafter optimizer steps before each recorded step is scored: one number, or one per step",
+    )
+    # Defaults (None) are tlt.drafter's and the trainer's, filled in below without importing torch here.
+    drafter_replay.add_argument("--lr", type=float, help="tlt.drafter.lr")
+    drafter_replay.add_argument("--batch-tokens", type=int, help="tlt.drafter.max_tokens_per_batch")
+    drafter_replay.add_argument("--buffer-tokens", type=int, help="tlt.drafter.buffer_tokens")
+    drafter_replay.add_argument("--hidden-loss-weight", type=float)
+    drafter_replay.add_argument("--logit-loss-weight", type=float)
+    drafter_replay.add_argument("--threads", type=int, default=1, help="torch threads (a drafter worker uses 1)")
     args = parser.parse_args(argv)
-    if args.name == "replay":
+    if args.name == "drafter-replay":
+        from verl_tlt.bench.drafter_replay import run as run_drafter_replay
+        from verl_tlt.config import DrafterConfig
+        from verl_tlt.drafter.trainer import DrafterTrainConfig
+
+        if min(args.steps_per_rl_step) < 0 or args.threads < 1:
+            parser.error("--steps-per-rl-step must be >= 0 and --threads >= 1")
+        drafter_defaults, train_defaults = DrafterConfig(), DrafterTrainConfig()
+        try:
+            train_config = DrafterTrainConfig(
+                lr=_or(args.lr, drafter_defaults.lr),
+                max_tokens_per_batch=_or(args.batch_tokens, drafter_defaults.max_tokens_per_batch),
+                hidden_loss_weight=_or(args.hidden_loss_weight, train_defaults.hidden_loss_weight),
+                logit_loss_weight=_or(args.logit_loss_weight, train_defaults.logit_loss_weight),
+            )
+        except ValueError as error:
+            parser.error(str(error))
+        target, drafter = args.target, args.drafter
+        if target is None or drafter is None:
+            from verl_tlt.quickstart import COMPACT_SHARE
+            from verl_tlt.toy.drafter import ensure_toy_drafter
+            from verl_tlt.toy.sft import ensure_toy_target
+
+            target = target or str(ensure_toy_target(compact_share=COMPACT_SHARE))
+            drafter = drafter or str(ensure_toy_drafter(compact_share=COMPACT_SHARE))
+        run_drafter_replay(
+            args.json,
+            args.record,
+            target,
+            drafter,
+            train_config,
+            args.steps_per_rl_step,
+            buffer_tokens=_or(args.buffer_tokens, drafter_defaults.buffer_tokens),
+            threads=args.threads,
+        )
+    elif args.name == "replay":
         from verl_tlt.bench.replay_bench import run as run_replay
 
         if min(args.num_requests, args.max_tokens, args.repeats, args.seeds) < 1:
@@ -202,3 +263,7 @@ def speculative_config(parser: argparse.ArgumentParser, args: argparse.Namespace
         return dataclasses.replace(SpeculativeConfig(), **overrides)
     except ValueError as error:
         parser.error(str(error))
+
+
+def _or(value, default):
+    return default if value is None else value

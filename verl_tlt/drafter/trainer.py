@@ -31,6 +31,9 @@ from verl_tlt.engine.model import AttentionBatch
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "drafter_trainer.pt"
+# evaluate_drafter's shared-noise estimate: draws per position, and their seed (fixed, so scores are paired).
+COUPLING_DRAWS = 8
+COUPLING_SEED = 1234
 
 
 @dataclass(frozen=True)
@@ -293,13 +296,20 @@ def evaluate_drafter(
     drafter's argmax, i.e. the chance a greedy draft token survives speculative sampling at temperature 1 (1 for
     a matching argmax at temperature 0 too, so it is the sharper of the two at T=1). est_acceptance_length: a
     depth-`depth` chain's tokens per verify step if every draft token survived with accept_prob.
+
+    coupled_accept_prob: the chance that the drafter's and the target's Gumbel-max draws at temperature 1 agree
+    when they share the noise, which is how the engine's keyed sampling drafts and verifies (1 for a drafter with
+    the target's distribution, however flat); a Monte-Carlo estimate over COUPLING_DRAWS seeded draws per position,
+    the same draws for every model, so two drafters compare on equal noise. est_coupled_acceptance_length: the
+    chain estimate from it.
     """
     from verl_tlt.drafter.data import pack, windows
 
     was_training = model.training
     model.eval()
     device, dtype = model.fc.weight.device, model.fc.weight.dtype
-    pairs = agree = accept = 0.0
+    pairs = agree = accept = coupled = 0.0
+    noise_generator = torch.Generator().manual_seed(COUPLING_SEED)
     chunk: list = []
     chunks: list[list] = []
     # Long samples in windows, as in training: a packed batch's attention is quadratic in its length.
@@ -318,6 +328,7 @@ def evaluate_drafter(
         target_probs = model.logits(batch.target_hidden).float().softmax(-1)
         agree += float(((draft == target_probs.argmax(-1)) & mask).sum())
         accept += float((target_probs.gather(-1, draft.unsqueeze(-1)).squeeze(-1) * mask).sum())
+        coupled += float((_coupled_agreement(model.logits(features), target_probs, noise_generator) * mask).sum())
         pairs += float(mask.sum())
     model.train(was_training)
     if not pairs:
@@ -327,8 +338,20 @@ def evaluate_drafter(
         "top1_accuracy": agree / pairs,
         "accept_prob": accept_prob,
         "est_acceptance_length": estimated_acceptance_length(accept_prob, depth),
+        "coupled_accept_prob": coupled / pairs,
+        "est_coupled_acceptance_length": estimated_acceptance_length(coupled / pairs, depth),
         "num_pairs": pairs,
     }
+
+
+def _coupled_agreement(draft_logits: torch.Tensor, target_probs: torch.Tensor, generator: torch.Generator):
+    """[1, N]: the share of COUPLING_DRAWS shared-noise Gumbel-max draws on which drafter and target pick alike."""
+    shape = (COUPLING_DRAWS, *target_probs.shape)
+    uniform = torch.rand(shape, generator=generator).clamp_(min=1e-20).to(target_probs.device)
+    gumbel = -torch.log(-torch.log(uniform))
+    draft_pick = (draft_logits.float().log_softmax(-1) + gumbel).argmax(-1)
+    target_pick = (target_probs.clamp(min=1e-30).log() + gumbel).argmax(-1)
+    return (draft_pick == target_pick).float().mean(0)
 
 
 def estimated_acceptance_length(accuracy: float, depth: int) -> float:

@@ -20,6 +20,10 @@ class DecodeStats:
     drafter_failures: int = 0
     # bucket label -> strategy name ('plain' included) -> decode steps
     strategy_histogram: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
+    # strategy name -> rows verified, and tokens they committed: acceptance length per strategy, so that drafters
+    # can be compared at one strategy whatever mix of strategies a policy chose
+    sd_rows_by_strategy: Counter = field(default_factory=Counter)
+    sd_tokens_by_strategy: Counter = field(default_factory=Counter)
 
     def record(self, strategy: SpecStrategy | None, batch_size: int, tokens: int, seconds: float, policy=None) -> None:
         if strategy is None:
@@ -30,6 +34,8 @@ class DecodeStats:
             self.steps_sd += 1
             self.tokens_sd += tokens
             self.seconds_sd += seconds
+            self.sd_rows_by_strategy[strategy.name] += batch_size
+            self.sd_tokens_by_strategy[strategy.name] += tokens
         bucket = policy.bucket_of(batch_size) if policy is not None else None
         label = f"bs>={bucket}" if bucket is not None else ("above_threshold" if policy is not None else "all")
         self.strategy_histogram[label]["plain" if strategy is None else strategy.name] += 1
@@ -56,4 +62,20 @@ class DecodeStats:
             "sd_step_share": self.sd_step_share,
             "sd_token_share": self.sd_token_share,
             "strategy_histogram": {k: dict(v) for k, v in self.strategy_histogram.items()},
+            "sd_rows_by_strategy": dict(self.sd_rows_by_strategy),
+            "sd_tokens_by_strategy": dict(self.sd_tokens_by_strategy),
         }
+
+    def acceptance_by_strategy(self) -> dict[str, float]:
+        """Tokens committed per verified row, per strategy (rows ending inside a draft commit fewer)."""
+        return strategy_acceptance([self.as_dict()])
+
+
+def strategy_acceptance(stats: list[dict]) -> dict[str, float]:
+    """Acceptance length per strategy over several engines' `DecodeStats.as_dict()`: committed tokens / rows."""
+    rows: Counter = Counter()
+    tokens: Counter = Counter()
+    for entry in stats:
+        rows.update(entry.get("sd_rows_by_strategy") or {})
+        tokens.update(entry.get("sd_tokens_by_strategy") or {})
+    return {name: tokens[name] / count for name, count in rows.items() if count}

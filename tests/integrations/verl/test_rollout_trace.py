@@ -162,8 +162,16 @@ STATS = [
         "tokens_plain": 10,
         "drafter_failures": 1,
         "strategy_histogram": {"1": {"8_4_16": 4, "4_1_4": 1}, "2": {"4_1_4": 1}},
+        "sd_rows_by_strategy": {"8_4_16": 4, "4_1_4": 3},
+        "sd_tokens_by_strategy": {"8_4_16": 20, "4_1_4": 6},
     },
-    {"steps_plain": 10, "tokens_plain": 20, "strategy_histogram": None},
+    {
+        "steps_plain": 10,
+        "tokens_plain": 20,
+        "strategy_histogram": None,
+        "sd_rows_by_strategy": {"4_1_4": 1},
+        "sd_tokens_by_strategy": {"4_1_4": 4},
+    },
 ]
 
 
@@ -187,6 +195,8 @@ def test_rollout_metrics_from_records_and_sd_stats():
             "tlt/sd/drafter_failures": 1.0,
             "tlt/sd/strategy/8_4_16": 0.2,  # 4 of 20 steps
             "tlt/sd/strategy/4_1_4": 0.1,  # 1 + 1 over both buckets
+            "tlt/sd/strategy_acceptance/8_4_16": 5.0,  # 20 tokens committed by 4 verified rows
+            "tlt/sd/strategy_acceptance/4_1_4": 2.5,  # (6 + 4) / (3 + 1), over both replicas
         },
         abs=1e-12,
     )

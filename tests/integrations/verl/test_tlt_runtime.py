@@ -137,3 +137,49 @@ def test_after_a_resume_the_workers_get_the_policys_shared_weights_before_scorin
     assert runtime.pool.calls == [("targets", {"model.embed_tokens.weight": "policy"}), ("score_and_add", 1)]
     runtime.collect_capture()  # once only: afterwards on_step_end keeps them current
     assert runtime.pool.calls[-1] == ("score_and_add", 1) and len(runtime.pool.calls) == 3
+
+
+def test_record_dir_saves_each_steps_captures_with_the_weights_its_rollout_used(monkeypatch, tmp_path, caplog):
+    import torch
+
+    from verl_tlt.drafter.capture_record import load_steps
+    from verl_tlt.drafter.data import DrafterSample
+
+    monkeypatch.setattr(tlt_runtime, "ray", FakeRay)
+    record_dir = tmp_path / "record"
+    runtime = TLTRuntime(
+        config=None, tlt=TLTConfig.from_dict({"enabled": True, "drafter": {"record_dir": str(record_dir)}})
+    )
+    runtime.pool = FakePool()
+    server = FakeServer()
+    policy = {"model.embed_tokens.weight": torch.full((4, 2), 2.0)}
+    server.target_shared_weights = Remote(lambda: policy)
+    runtime.servers = [server]
+    captured = {1: [], 2: []}
+    step_of = {"now": 1}
+    runtime.actor_wg = SimpleNamespace(
+        tlt_arm_capture=lambda step, budget: None,
+        tlt_pop_captured=lambda: [(captured[step_of["now"]], {"seconds": 0.01})],
+    )
+    for step, length in ((1, 5), (2, 7)):
+        captured[step] = [DrafterSample(torch.arange(length), torch.randn(length, 2), torch.arange(length) >= 2, step)]
+        step_of["now"] = step
+        runtime.arm_capture(step)
+        runtime.collect_capture()
+        runtime._push_target_weights()  # as on_step_end does after the actor update: the next rollout's weights
+    steps = load_steps(record_dir)
+    assert [s.step for s in steps] == [1, 2]
+    assert steps[0].shared_weights is None  # step 1's rollout ran the initial target
+    assert torch.equal(steps[1].shared_weights["model.embed_tokens.weight"], policy["model.embed_tokens.weight"])
+    assert torch.equal(steps[1].samples[0].hidden_states, captured[2][0].hidden_states)
+    assert steps[1].samples[0].num_tokens == 7
+
+    runtime.tlt = TLTConfig.from_dict({"enabled": True, "drafter": {"record_dir": str(tmp_path / "a_file")}})
+    (tmp_path / "a_file").write_text("not a directory")
+    runtime.collect_capture()  # a failed write is logged, the step goes on
+    assert "cannot record step 2's captures" in caplog.text
+
+
+def test_record_dir_without_training_is_refused():
+    with pytest.raises(ValueError, match=r"tlt.drafter.train=false captures nothing"):
+        TLTConfig.from_dict({"enabled": True, "drafter": {"record_dir": "/tmp/x", "train": False}})

@@ -26,8 +26,10 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from verl_tlt.config import TLTConfig
+from verl_tlt.drafter.capture_record import RecordedStep, save_step
 from verl_tlt.drafter.spot_schedule import SpotSchedule
 from verl_tlt.drafter.worker import FAULT_ENV, DrafterWorker
+from verl_tlt.engine.decode_stats import strategy_acceptance
 from verl_tlt.integrations.verl.coordinator import SpotCoordinator
 from verl_tlt.integrations.verl.drafter_pool import DrafterPool
 from verl_tlt.integrations.verl.rollout_trace import rollout_summary
@@ -62,6 +64,10 @@ class TLTRuntime:
         self._worker_targets_stale = False
         self.resume_dir: Path | None = None
         self._drain_calls: list[Any] = []
+        # For tlt.drafter.record_dir: the step being captured, and the policy's shared weights that its rollout
+        # used (None until the first push: the initial target's).
+        self._capture_step = 0
+        self._rollout_shared: dict | None = None
 
     # ----- set-up ----------------------------------------------------------------------------------------------
 
@@ -167,6 +173,7 @@ class TLTRuntime:
     # ----- capture ---------------------------------------------------------------------------------------------
 
     def arm_capture(self, step: int) -> None:
+        self._capture_step = step
         if self.tlt.drafter.train and self.pool.available:
             self.actor_wg.tlt_arm_capture(step, self.tlt.drafter.capture_tokens)
 
@@ -182,6 +189,8 @@ class TLTRuntime:
         # drafter would suffer, measured on the same data), then every worker stores them; both run on the
         # workers while verl updates the actor, and are collected in on_step_end.
         self.pool.score_and_add(samples)
+        if self.tlt.drafter.record_dir:
+            self._record(samples)
         stats = [rank_stats for _, rank_stats in results if rank_stats]
         self.metrics.update(
             {
@@ -191,6 +200,16 @@ class TLTRuntime:
                 "tlt/capture/tokens": float(sum(s.num_tokens for s in samples)),
             }
         )
+
+    def _record(self, samples: list) -> None:
+        """Save this step's captures for offline replay; a failed write is logged and never stops the run."""
+        record = RecordedStep(self._capture_step, samples, self._rollout_shared)
+        try:
+            save_step(self.tlt.drafter.record_dir, record)
+        except OSError as error:
+            logger.warning(
+                "TLT: cannot record step %d's captures in %s: %s", record.step, self.tlt.drafter.record_dir, error
+            )
 
     # ----- after the actor's weight sync -----------------------------------------------------------------------
 
@@ -225,6 +244,7 @@ class TLTRuntime:
         """The policy's embedding and LM head (shared with the drafter) from a replica to every drafter worker."""
         shared = ray.get(self.servers[0].target_shared_weights.remote())
         self.pool.update_target_weights(shared)
+        self._rollout_shared = shared  # what the replicas generate the next rollout with
         self._worker_targets_stale = False
 
     def push_drafter(self, force: bool = False, owner_version: int | None = None) -> bool:
@@ -353,4 +373,6 @@ def rollout_metrics(
                 mix[name] = mix.get(name, 0) + n
     for name, n in mix.items():
         metrics[f"tlt/sd/strategy/{name}"] = n / steps_all if steps_all else 0.0
+    for name, length in strategy_acceptance(stats).items():
+        metrics[f"tlt/sd/strategy_acceptance/{name}"] = length
     return metrics

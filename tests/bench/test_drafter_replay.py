@@ -1,0 +1,71 @@
+"""drafter-replay: the TLT trainer's order (train, then score on fresh samples, then add), budgets, shared weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from verl_tlt.bench.drafter_replay import replay
+from verl_tlt.drafter.capture_record import RecordedStep
+from verl_tlt.drafter.data import DrafterSample
+from verl_tlt.drafter.export import export_eagle
+from verl_tlt.drafter.model import EagleDrafterModel
+from verl_tlt.drafter.trainer import DrafterTrainConfig
+from verl_tlt.engine.model import sequence_hidden_states
+from verl_tlt.engine.weights import load_pretrained
+
+CONFIG = DrafterTrainConfig(lr=3e-3, max_tokens_per_batch=128)
+
+
+@pytest.fixture(scope="module")
+def world(varied_qwen2, tmp_path_factory):
+    """(target path, drafter dir, samples of the target's own hidden states)."""
+    path = varied_qwen2[0]
+    target, _ = load_pretrained(str(path))
+    drafter_dir = tmp_path_factory.mktemp("replay_drafter")
+    export_eagle(EagleDrafterModel.from_target(target), drafter_dir)
+    generator = torch.Generator().manual_seed(3)
+    samples = []
+    for length in (24, 20, 22, 18):
+        ids = torch.randint(3, target.spec.vocab_size, (length,), generator=generator)
+        samples.append(DrafterSample(ids, sequence_hidden_states(target, ids.tolist()), torch.arange(length) >= 4))
+    return str(path), str(drafter_dir), samples
+
+
+def steps_of(samples, count: int, shared=None) -> list[RecordedStep]:
+    return [RecordedStep(step, list(samples), shared if step > 1 else None) for step in range(1, count + 1)]
+
+
+def test_without_training_online_and_frozen_score_alike_and_step_one_is_never_trained(world):
+    target, drafter, samples = world
+    result = replay(steps_of(samples, 3), target, drafter, CONFIG, [0])
+    assert [r["train_steps"] for r in result["rows"]] == [0, 0, 0]
+    for row in result["rows"]:
+        assert row["online_est_acceptance"] == pytest.approx(row["frozen_est_acceptance"], abs=1e-9)
+    trained = replay(steps_of(samples, 3), target, drafter, CONFIG, [5])
+    assert [r["train_steps"] for r in trained["rows"]] == [0, 5, 5]  # nothing to train on before step 1's capture
+
+
+def test_training_on_the_recorded_data_beats_the_frozen_drafter(world):
+    target, drafter, samples = world
+    result = replay(steps_of(samples, 4), target, drafter, CONFIG, [0, 20, 20, 20])
+    assert result["train_steps"] == 60
+    assert result["ratio_online_vs_frozen_last3"] > 1.05
+    assert result["rows"][0]["online_top1"] == pytest.approx(result["rows"][0]["frozen_top1"])
+
+
+def test_each_step_is_scored_under_the_policy_weights_its_rollout_used(world):
+    target, drafter, samples = world
+    model, _ = load_pretrained(target)
+    name = "model.embed_tokens.weight"
+    moved = {name: model.hf_weight_views()[name] * -1.0}
+    same = replay(steps_of(samples, 2), target, drafter, CONFIG, [0])["rows"]
+    changed = replay(steps_of(samples, 2, moved), target, drafter, CONFIG, [0])["rows"]
+    assert changed[0]["frozen_top1"] == pytest.approx(same[0]["frozen_top1"])  # step 1: the initial target
+    assert changed[1]["frozen_top1"] != pytest.approx(same[1]["frozen_top1"])
+
+
+def test_a_budget_per_step_must_cover_every_step(world):
+    target, drafter, samples = world
+    with pytest.raises(ValueError, match="one per recorded step \\(3\\)"):
+        replay(steps_of(samples, 3), target, drafter, CONFIG, [1, 2])

@@ -1,0 +1,161 @@
+"""`verl-tlt bench drafter-replay`: a drafter-training recipe replayed on a recorded RL run's data.
+
+A TLT run with `tlt.drafter.record_dir` saves every step's captured samples and the policy's shared weights
+(`verl_tlt.drafter.capture_record`). This replays the run's online drafter training step by step, as the TLT
+trainer orders it: at step s the drafter trains on what was captured before s (the spot training of rollout s,
+against the policy that generated it), is then scored together with the initial, frozen drafter on step s's fresh
+samples (the teacher-forced estimate the run logs as `tlt/drafter/eval_*`), and step s's samples join the buffer.
+
+The training budget per step is a number of optimizer steps (what a run did: its `tlt/drafter/total_steps`), so
+recipes are compared on the same data and the same number of updates; each step's time is reported, since a
+cheaper step buys more steps in a run's idle time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from verl_tlt.drafter.capture_record import RecordedStep, load_steps
+from verl_tlt.drafter.data import DrafterDataBuffer
+from verl_tlt.drafter.model import EagleDrafterModel
+from verl_tlt.drafter.trainer import DrafterTrainConfig, DrafterTrainer, evaluate_drafter
+
+# The quickstart's headline averages the last 3 steps.
+LAST_STEPS = 3
+
+
+def _load_drafter(init: str, target) -> EagleDrafterModel:
+    if init == "target":
+        return EagleDrafterModel.from_target(target)
+    from verl_tlt.drafter.export import load_eagle
+
+    return load_eagle(init, target)
+
+
+def _per_step_budget(steps_per_rl_step: list[int], num_steps: int) -> list[int]:
+    """One budget per recorded step: a single number for all, or one per step."""
+    if len(steps_per_rl_step) == 1:
+        return steps_per_rl_step * num_steps
+    if len(steps_per_rl_step) != num_steps:
+        raise ValueError(
+            f"--steps-per-rl-step takes one number, or one per recorded step ({num_steps}); got "
+            f"{len(steps_per_rl_step)}"
+        )
+    return list(steps_per_rl_step)
+
+
+def replay(
+    steps: list[RecordedStep],
+    target_path: str,
+    drafter_init: str,
+    train_config: DrafterTrainConfig,
+    steps_per_rl_step: list[int],
+    *,
+    buffer_tokens: int = 262_144,
+    eval_tokens: int = 4096,
+) -> dict:
+    """Replay online training over `steps`; per-step scores of the online and the initial drafter, and totals."""
+    from verl_tlt.engine.weights import load_pretrained, load_weights
+
+    budget = _per_step_budget(steps_per_rl_step, len(steps))
+    target, _ = load_pretrained(target_path, dtype=torch.float32)
+    target.requires_grad_(False)
+    initial_target = {name: tensor.clone() for name, tensor in target.hf_weight_views().items()}
+    model = _load_drafter(drafter_init, target)
+    frozen = _load_drafter(drafter_init, target)
+    frozen.requires_grad_(False)
+    trainer = DrafterTrainer(model, DrafterDataBuffer(buffer_tokens), train_config)
+    rows = []
+    for record, max_steps in zip(steps, budget, strict=True):
+        shared = record.shared_weights
+        if shared is None:  # the rollout ran the initial policy
+            shared = {
+                name: initial_target[name]
+                for name in ("model.embed_tokens.weight", "lm_head.weight")
+                if name in initial_target
+            }
+        load_weights(target, shared.items(), strict=False)
+        report = trainer.train(max_steps=max_steps) if max_steps > 0 else None
+        online = evaluate_drafter(model, record.samples, eval_tokens)
+        initial = evaluate_drafter(frozen, record.samples, eval_tokens)
+        trainer.buffer.add(record.samples)
+        rows.append(
+            {
+                "step": record.step,
+                "samples": len(record.samples),
+                "tokens": sum(s.num_tokens for s in record.samples),
+                "train_steps": report.steps if report else 0,
+                "train_s": round(report.seconds, 3) if report else 0.0,
+                "online_est_acceptance": online.get("est_acceptance_length"),
+                "frozen_est_acceptance": initial.get("est_acceptance_length"),
+                "online_est_coupled_acceptance": online.get("est_coupled_acceptance_length"),
+                "frozen_est_coupled_acceptance": initial.get("est_coupled_acceptance_length"),
+                "online_top1": online.get("top1_accuracy"),
+                "frozen_top1": initial.get("top1_accuracy"),
+            }
+        )
+    last = rows[-LAST_STEPS:]
+
+    def mean_last(key: str) -> float:
+        return sum(r[key] for r in last) / len(last)
+
+    trained = [r for r in rows if r["train_steps"]]
+    online_last, frozen_last = mean_last("online_est_acceptance"), mean_last("frozen_est_acceptance")
+    coupled_online, coupled_frozen = (
+        mean_last("online_est_coupled_acceptance"),
+        mean_last("frozen_est_coupled_acceptance"),
+    )
+    return {
+        "train_config": dataclasses.asdict(train_config),
+        "rows": rows,
+        "online_last3": online_last,
+        "frozen_last3": frozen_last,
+        "ratio_online_vs_frozen_last3": online_last / frozen_last,
+        "coupled_online_last3": coupled_online,
+        "coupled_frozen_last3": coupled_frozen,
+        "coupled_ratio_online_vs_frozen_last3": coupled_online / coupled_frozen,
+        "train_steps": sum(r["train_steps"] for r in rows),
+        "step_s_mean": sum(r["train_s"] for r in trained) / max(1, sum(r["train_steps"] for r in trained)),
+    }
+
+
+def run(
+    json_path: str | None,
+    record_dir: str,
+    target_path: str,
+    drafter_init: str,
+    train_config: DrafterTrainConfig,
+    steps_per_rl_step: list[int],
+    *,
+    buffer_tokens: int = 262_144,
+    threads: int = 1,
+) -> dict:
+    torch.set_num_threads(threads)
+    steps = load_steps(record_dir)
+    start = time.perf_counter()
+    result = replay(steps, target_path, drafter_init, train_config, steps_per_rl_step, buffer_tokens=buffer_tokens)
+    result.update({"record_dir": record_dir, "target": target_path, "drafter": drafter_init, "threads": threads})
+    result["wall_s"] = round(time.perf_counter() - start, 1)
+    print("step  tokens  train_steps  train_s  online_est  frozen_est  online_coupled  frozen_coupled")
+    for row in result["rows"]:
+        print(
+            f"{row['step']:4d}  {row['tokens']:6d}  {row['train_steps']:11d}  {row['train_s']:7.2f}  "
+            f"{row['online_est_acceptance']:10.3f}  {row['frozen_est_acceptance']:10.3f}  "
+            f"{row['online_est_coupled_acceptance']:14.3f}  {row['frozen_est_coupled_acceptance']:14.3f}"
+        )
+    print(
+        f"last {LAST_STEPS} steps, estimated acceptance length: greedy drafts online {result['online_last3']:.3f} vs "
+        f"frozen {result['frozen_last3']:.3f} (ratio {result['ratio_online_vs_frozen_last3']:.3f}); keyed drafts "
+        f"online {result['coupled_online_last3']:.3f} vs frozen {result['coupled_frozen_last3']:.3f} (ratio "
+        f"{result['coupled_ratio_online_vs_frozen_last3']:.3f}); {result['train_steps']} optimizer steps, "
+        f"{result['step_s_mean'] * 1000:.0f} ms each on {threads} thread(s)"
+    )
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(result, indent=2))
+    return result
