@@ -254,7 +254,8 @@ def _print_headline(summary: dict) -> None:
     paired = summary["paired_est_acceptance_last3"]
     print(
         f"same samples (TLT run, teacher-forced estimate, last 3 steps): online {show(paired['online'])} vs "
-        f"initial drafter {show(paired['frozen'])} (ratio {show(summary['paired_acceptance_ratio_online_vs_frozen'])})"
+        f"initial drafter {show(paired['frozen'])} (ratio {show(summary['paired_acceptance_ratio_online_vs_frozen'])}; "
+        f"for keyed drafts {show(summary['paired_coupled_acceptance_ratio_online_vs_frozen'])})"
     )
     print(f"steps whose sampled responses equal the baseline's: {summary['steps_with_baseline_responses']}")
     print(
