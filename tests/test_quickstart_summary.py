@@ -80,6 +80,8 @@ def _rows(rollout_s: list[float], acceptance: list[float] | None) -> list[dict]:
                 drafter_eval_frozen_est_acceptance_length=2.0,
                 drafter_eval_online_est_coupled_acceptance_length=acceptance[i] + 2.0,
                 drafter_eval_frozen_est_coupled_acceptance_length=3.0,
+                drafter_eval_online_chain_acceptance_length=acceptance[i] - 1.0,
+                drafter_eval_frozen_chain_acceptance_length=2.5,
             )
         rows.append(row)
     return rows
@@ -100,6 +102,7 @@ def test_headline_ratios_use_the_last_three_steps_and_total_rollout_time():
     assert h["paired_est_acceptance_last3"] == {"online": pytest.approx(19 / 3), "frozen": 2.0}
     assert h["paired_acceptance_ratio_online_vs_frozen"] == pytest.approx(19 / 6)
     assert h["paired_coupled_acceptance_ratio_online_vs_frozen"] == pytest.approx(22 / 9)
+    assert h["paired_chain_acceptance_last3"] == {"online": pytest.approx(13 / 3), "frozen": 2.5}
     assert h["rollout_time_ratio_tlt_vs_baseline"] == pytest.approx(10 / 16)
     assert h["tail_extension_s"]["tlt_spot_overrun_max"] == pytest.approx(0.2)
     assert h["tail_extension_s"]["drafter_step_s_max"] == 0.3

@@ -149,6 +149,14 @@ class DrafterConfig:
     max_tokens_per_batch: int = field(
         default=4096, metadata={"help": "Tokens per drafter optimizer step (packed sequences)."}
     )
+    train_depth: int = field(
+        default=1,
+        metadata={
+            "help": "Draft depths trained per step: 1 = on the target's features only (EAGLE-1/2); 2+ also trains "
+            "the drafter on its own features, as its later drafts read them at inference (training-time test, as in "
+            "EAGLE-3/HASS), at about that many times the cost per step."
+        },
+    )
     buffer_tokens: int = field(
         default=262144,
         metadata={"help": "Capacity of the drafter's data buffer in tokens; the oldest samples are dropped first."},
@@ -186,7 +194,7 @@ class DrafterConfig:
 
     def __post_init__(self) -> None:
         path = f"{ROOT_KEY}.drafter"
-        for key in ("buffer_tokens", "capture_tokens", "sync_every", "min_idle_replicas"):
+        for key in ("buffer_tokens", "capture_tokens", "sync_every", "min_idle_replicas", "train_depth"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{path}.{key} must be >= 1, got {getattr(self, key)}")
         if self.max_tokens_per_batch < 2:  # a training pair spans two tokens

@@ -257,6 +257,11 @@ def _print_headline(summary: dict) -> None:
         f"initial drafter {show(paired['frozen'])} (ratio {show(summary['paired_acceptance_ratio_online_vs_frozen'])}; "
         f"for keyed drafts {show(summary['paired_coupled_acceptance_ratio_online_vs_frozen'])})"
     )
+    chain = summary["paired_chain_acceptance_last3"]
+    print(
+        f"  keyed chain of 4 from the drafter's own features (the engine's 4_1_4): online {show(chain['online'])} vs "
+        f"initial drafter {show(chain['frozen'])}"
+    )
     print(f"steps whose sampled responses equal the baseline's: {summary['steps_with_baseline_responses']}")
     print(
         f"rollout time TLT / baseline: {show(summary['rollout_time_ratio_tlt_vs_baseline'])} "

@@ -73,6 +73,8 @@ def step_rows(metrics: list[dict], trace: dict[int, list[dict]], rollouts: dict[
             "tlt/drafter/eval_frozen_est_acceptance_length",
             "tlt/drafter/eval_online_est_coupled_acceptance_length",
             "tlt/drafter/eval_frozen_est_coupled_acceptance_length",
+            "tlt/drafter/eval_online_chain_acceptance_length",
+            "tlt/drafter/eval_frozen_chain_acceptance_length",
         ):
             if key in m:
                 row[key.removeprefix("tlt/").replace("/", "_")] = m[key]
@@ -126,6 +128,11 @@ def headline(runs: dict[str, list[dict]]) -> dict[str, Any]:
         "acceptance_by_strategy_last3": by_strategy,
         "paired_acceptance_ratio_online_vs_frozen": _ratio(paired_online, paired_frozen),
         "paired_est_acceptance_last3": {"online": paired_online, "frozen": paired_frozen},
+        # The same for a keyed chain of 4 drafted from the drafter's own features, as the engine drafts it.
+        "paired_chain_acceptance_last3": {
+            "online": _mean([r.get("drafter_eval_online_chain_acceptance_length") for r in tlt[-LAST_STEPS:]]),
+            "frozen": _mean([r.get("drafter_eval_frozen_chain_acceptance_length") for r in tlt[-LAST_STEPS:]]),
+        },
         # The same, for drafts made under the rollout's keyed (shared-noise) sampling rather than greedily.
         "paired_coupled_acceptance_ratio_online_vs_frozen": _ratio(
             _mean([r.get("drafter_eval_online_est_coupled_acceptance_length") for r in tlt[-LAST_STEPS:]]),

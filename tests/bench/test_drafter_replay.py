@@ -41,7 +41,8 @@ def test_without_training_online_and_frozen_score_alike_and_step_one_is_never_tr
     result = replay(steps_of(samples, 3), target, drafter, CONFIG, [0])
     assert [r["train_steps"] for r in result["rows"]] == [0, 0, 0]
     for row in result["rows"]:
-        assert row["online_est_acceptance"] == pytest.approx(row["frozen_est_acceptance"], abs=1e-9)
+        for metric in ("est_acceptance_length", "est_coupled_acceptance_length", "chain_acceptance_length"):
+            assert row[f"online_{metric}"] == pytest.approx(row[f"frozen_{metric}"], abs=1e-9)
     trained = replay(steps_of(samples, 3), target, drafter, CONFIG, [5])
     assert [r["train_steps"] for r in trained["rows"]] == [0, 5, 5]  # nothing to train on before step 1's capture
 
@@ -50,8 +51,14 @@ def test_training_on_the_recorded_data_beats_the_frozen_drafter(world):
     target, drafter, samples = world
     result = replay(steps_of(samples, 4), target, drafter, CONFIG, [0, 20, 20, 20])
     assert result["train_steps"] == 60
-    assert result["ratio_online_vs_frozen_last3"] > 1.05
-    assert result["rows"][0]["online_top1"] == pytest.approx(result["rows"][0]["frozen_top1"])
+    assert result["last3"]["est_acceptance_length"]["ratio"] > 1.05
+    assert result["last3"]["chain_acceptance_length"]["ratio"] > 1.05
+    # What each rollout decoded with is the drafter from before that step's burst: at step 2 the initial one.
+    second = result["rows"][1]
+    assert second["rollout_chain_acceptance_length"] == pytest.approx(second["frozen_chain_acceptance_length"])
+    assert result["last3"]["chain_acceptance_length"]["rollout_ratio"] > 1.0
+    first = result["rows"][0]
+    assert first["online_top1_accuracy"] == pytest.approx(first["frozen_top1_accuracy"])
 
 
 def test_each_step_is_scored_under_the_policy_weights_its_rollout_used(world):
@@ -61,8 +68,9 @@ def test_each_step_is_scored_under_the_policy_weights_its_rollout_used(world):
     moved = {name: model.hf_weight_views()[name] * -1.0}
     same = replay(steps_of(samples, 2), target, drafter, CONFIG, [0])["rows"]
     changed = replay(steps_of(samples, 2, moved), target, drafter, CONFIG, [0])["rows"]
-    assert changed[0]["frozen_top1"] == pytest.approx(same[0]["frozen_top1"])  # step 1: the initial target
-    assert changed[1]["frozen_top1"] != pytest.approx(same[1]["frozen_top1"])
+    # step 1: the initial target
+    assert changed[0]["frozen_top1_accuracy"] == pytest.approx(same[0]["frozen_top1_accuracy"])
+    assert changed[1]["frozen_top1_accuracy"] != pytest.approx(same[1]["frozen_top1_accuracy"])
 
 
 def test_a_budget_per_step_must_cover_every_step(world):

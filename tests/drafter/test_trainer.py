@@ -269,3 +269,29 @@ def test_the_shared_noise_agreement_is_exact_for_the_targets_own_distribution_an
     draft_logits = torch.tensor([0.3, 0.7]).log().expand(1, 4000, 2)
     agreement = _coupled_agreement(draft_logits, target_probs, generator).mean()
     assert float(agreement) == pytest.approx(0.6, abs=0.015)  # 32,000 draws: standard error 0.003
+
+
+def test_training_on_the_unrolled_chain_improves_the_drafters_own_chain(target):
+    """train_depth=2 also trains the second draft, which reads the drafter's own feature; depth 1 is what it was."""
+    from verl_tlt.drafter.trainer import evaluate_drafter
+
+    _, engine, samples = target
+    before = evaluate_drafter(make_trainer(engine, samples).model, samples, 128)
+    chain = make_trainer(engine, samples, train_depth=2)
+    report = chain.train(max_steps=40)
+    assert report.steps == 40 and all(torch.isfinite(p).all() for p in chain.model.parameters())
+    after = evaluate_drafter(chain.model, samples, 128)
+    assert after["chain_acceptance_length"] > before["chain_acceptance_length"] + 0.2, (before, after)
+    with pytest.raises(ValueError, match="train_depth must be > 0"):
+        DrafterTrainConfig(train_depth=0)
+    with pytest.raises(ValueError, match="depth_decay must be in"):
+        DrafterTrainConfig(depth_decay=0.0)
+
+
+def test_the_chain_estimate_is_at_most_the_depth_plus_one_and_at_least_one(target):
+    from verl_tlt.drafter.trainer import evaluate_drafter
+
+    _, engine, samples = target
+    metrics = evaluate_drafter(EagleDrafterModel.from_target(engine.model), samples, 128, depth=3)
+    for key in ("chain_acceptance_length", "chain_greedy_acceptance_length"):
+        assert 1.0 <= metrics[key] <= 4.0

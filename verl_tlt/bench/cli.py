@@ -114,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     drafter_replay.add_argument("--lr", type=float, help="tlt.drafter.lr")
     drafter_replay.add_argument("--batch-tokens", type=int, help="tlt.drafter.max_tokens_per_batch")
     drafter_replay.add_argument("--buffer-tokens", type=int, help="tlt.drafter.buffer_tokens")
+    drafter_replay.add_argument("--train-depth", type=int, help="tlt.drafter.train_depth")
     drafter_replay.add_argument("--hidden-loss-weight", type=float)
     drafter_replay.add_argument("--logit-loss-weight", type=float)
     drafter_replay.add_argument("--threads", type=int, default=1, help="torch threads (a drafter worker uses 1)")
@@ -132,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                 max_tokens_per_batch=_or(args.batch_tokens, drafter_defaults.max_tokens_per_batch),
                 hidden_loss_weight=_or(args.hidden_loss_weight, train_defaults.hidden_loss_weight),
                 logit_loss_weight=_or(args.logit_loss_weight, train_defaults.logit_loss_weight),
+                train_depth=_or(args.train_depth, drafter_defaults.train_depth),
             )
         except ValueError as error:
             parser.error(str(error))

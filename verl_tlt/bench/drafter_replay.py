@@ -5,6 +5,8 @@ A TLT run with `tlt.drafter.record_dir` saves every step's captured samples and 
 trainer orders it: at step s the drafter trains on what was captured before s (the spot training of rollout s,
 against the policy that generated it), is then scored together with the initial, frozen drafter on step s's fresh
 samples (the teacher-forced estimate the run logs as `tlt/drafter/eval_*`), and step s's samples join the buffer.
+The drafter that rollout s decoded with is the one from before that burst (it is synced after the step), so it is
+scored before the burst too (`rollout_*`): that is the drafter whose acceptance the rollout shows.
 
 The training budget per step is a number of optimizer steps (what a run did: its `tlt/drafter/total_steps`), so
 recipes are compared on the same data and the same number of updates; each step's time is reported, since a
@@ -27,6 +29,14 @@ from verl_tlt.drafter.trainer import DrafterTrainConfig, DrafterTrainer, evaluat
 
 # The quickstart's headline averages the last 3 steps.
 LAST_STEPS = 3
+# evaluate_drafter's acceptance-length estimates (online / frozen per step, and the last steps' ratio): greedy drafts
+# at depth 1 extrapolated, keyed drafts at depth 1 extrapolated, and the keyed chain drafted from its own features.
+METRICS = ("est_acceptance_length", "est_coupled_acceptance_length", "chain_acceptance_length")
+SHORT = {
+    "est_acceptance_length": "greedy est",
+    "est_coupled_acceptance_length": "keyed est",
+    "chain_acceptance_length": "keyed chain",
+}
 
 
 def _load_drafter(init: str, target) -> EagleDrafterModel:
@@ -80,45 +90,41 @@ def replay(
                 if name in initial_target
             }
         load_weights(target, shared.items(), strict=False)
+        # The drafter this step's rollout decoded with: trained through the step before (what its acceptance shows).
+        in_rollout = evaluate_drafter(model, record.samples, eval_tokens)
         report = trainer.train(max_steps=max_steps) if max_steps > 0 else None
         online = evaluate_drafter(model, record.samples, eval_tokens)
         initial = evaluate_drafter(frozen, record.samples, eval_tokens)
         trainer.buffer.add(record.samples)
-        rows.append(
-            {
-                "step": record.step,
-                "samples": len(record.samples),
-                "tokens": sum(s.num_tokens for s in record.samples),
-                "train_steps": report.steps if report else 0,
-                "train_s": round(report.seconds, 3) if report else 0.0,
-                "online_est_acceptance": online.get("est_acceptance_length"),
-                "frozen_est_acceptance": initial.get("est_acceptance_length"),
-                "online_est_coupled_acceptance": online.get("est_coupled_acceptance_length"),
-                "frozen_est_coupled_acceptance": initial.get("est_coupled_acceptance_length"),
-                "online_top1": online.get("top1_accuracy"),
-                "frozen_top1": initial.get("top1_accuracy"),
-            }
-        )
+        row = {
+            "step": record.step,
+            "samples": len(record.samples),
+            "tokens": sum(s.num_tokens for s in record.samples),
+            "train_steps": report.steps if report else 0,
+            "train_s": round(report.seconds, 3) if report else 0.0,
+        }
+        for metric in (*METRICS, "top1_accuracy"):
+            row[f"online_{metric}"], row[f"frozen_{metric}"] = online.get(metric), initial.get(metric)
+            row[f"rollout_{metric}"] = in_rollout.get(metric)
+        rows.append(row)
     last = rows[-LAST_STEPS:]
-
-    def mean_last(key: str) -> float:
-        return sum(r[key] for r in last) / len(last)
-
     trained = [r for r in rows if r["train_steps"]]
-    online_last, frozen_last = mean_last("online_est_acceptance"), mean_last("frozen_est_acceptance")
-    coupled_online, coupled_frozen = (
-        mean_last("online_est_coupled_acceptance"),
-        mean_last("frozen_est_coupled_acceptance"),
-    )
+    summary = {}
+    for metric in METRICS:
+        online_last = sum(r[f"online_{metric}"] for r in last) / len(last)
+        frozen_last = sum(r[f"frozen_{metric}"] for r in last) / len(last)
+        rollout_last = sum(r[f"rollout_{metric}"] for r in last) / len(last)
+        summary[metric] = {
+            "online": online_last,
+            "frozen": frozen_last,
+            "ratio": online_last / frozen_last,
+            "rollout_online": rollout_last,
+            "rollout_ratio": rollout_last / frozen_last,
+        }
     return {
         "train_config": dataclasses.asdict(train_config),
         "rows": rows,
-        "online_last3": online_last,
-        "frozen_last3": frozen_last,
-        "ratio_online_vs_frozen_last3": online_last / frozen_last,
-        "coupled_online_last3": coupled_online,
-        "coupled_frozen_last3": coupled_frozen,
-        "coupled_ratio_online_vs_frozen_last3": coupled_online / coupled_frozen,
+        "last3": summary,
         "train_steps": sum(r["train_steps"] for r in rows),
         "step_s_mean": sum(r["train_s"] for r in trained) / max(1, sum(r["train_steps"] for r in trained)),
     }
@@ -141,20 +147,18 @@ def run(
     result = replay(steps, target_path, drafter_init, train_config, steps_per_rl_step, buffer_tokens=buffer_tokens)
     result.update({"record_dir": record_dir, "target": target_path, "drafter": drafter_init, "threads": threads})
     result["wall_s"] = round(time.perf_counter() - start, 1)
-    print("step  tokens  train_steps  train_s  online_est  frozen_est  online_coupled  frozen_coupled")
+    print("step  tokens  train_steps  train_s  " + "  ".join(f"{SHORT[m]:>17}" for m in METRICS))
     for row in result["rows"]:
+        scores = "  ".join(f"{row[f'online_{m}']:8.3f}/{row[f'frozen_{m}']:<8.3f}" for m in METRICS)
+        print(f"{row['step']:4d}  {row['tokens']:6d}  {row['train_steps']:11d}  {row['train_s']:7.2f}  {scores}")
+    print(f"last {LAST_STEPS} steps, online vs frozen drafter (acceptance length estimates):")
+    for metric, scores in result["last3"].items():
         print(
-            f"{row['step']:4d}  {row['tokens']:6d}  {row['train_steps']:11d}  {row['train_s']:7.2f}  "
-            f"{row['online_est_acceptance']:10.3f}  {row['frozen_est_acceptance']:10.3f}  "
-            f"{row['online_est_coupled_acceptance']:14.3f}  {row['frozen_est_coupled_acceptance']:14.3f}"
+            f"  {metric}: {scores['online']:.3f} vs {scores['frozen']:.3f} (ratio {scores['ratio']:.3f}); the "
+            f"drafter the rollout used (one burst older) {scores['rollout_online']:.3f} (ratio "
+            f"{scores['rollout_ratio']:.3f})"
         )
-    print(
-        f"last {LAST_STEPS} steps, estimated acceptance length: greedy drafts online {result['online_last3']:.3f} vs "
-        f"frozen {result['frozen_last3']:.3f} (ratio {result['ratio_online_vs_frozen_last3']:.3f}); keyed drafts "
-        f"online {result['coupled_online_last3']:.3f} vs frozen {result['coupled_frozen_last3']:.3f} (ratio "
-        f"{result['coupled_ratio_online_vs_frozen_last3']:.3f}); {result['train_steps']} optimizer steps, "
-        f"{result['step_s_mean'] * 1000:.0f} ms each on {threads} thread(s)"
-    )
+    print(f"{result['train_steps']} optimizer steps, {result['step_s_mean'] * 1000:.0f} ms each on {threads} thread(s)")
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(json.dumps(result, indent=2))

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from verl_tlt.drafter.data import DrafterDataBuffer, PackedBatch
 from verl_tlt.drafter.model import EagleDrafterModel
+from verl_tlt.drafter.unroll import unrolled_forward
 from verl_tlt.engine.model import AttentionBatch
 
 logger = logging.getLogger(__name__)
@@ -50,11 +51,18 @@ class DrafterTrainConfig:
     # Chain depth used to turn top-1 accuracy into an estimated acceptance length.
     estimate_depth: int = 4
     seed: int = 0
+    # Depths of the drafter's own chain trained per step (`verl_tlt.drafter.unroll`): 1 = target features only
+    # (EAGLE-1/2); deeper levels read the drafter's own features, as its drafts past the first do at inference.
+    # Depth e's loss is weighted depth_decay ** (e - 1), the sum normalised.
+    train_depth: int = 1
+    depth_decay: float = 0.8
 
     def __post_init__(self) -> None:
-        for name in ("lr", "max_tokens_per_batch", "estimate_depth"):
+        for name in ("lr", "max_tokens_per_batch", "estimate_depth", "train_depth"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"DrafterTrainConfig.{name} must be > 0, got {getattr(self, name)}")
+        if not 0 < self.depth_decay <= 1:
+            raise ValueError(f"DrafterTrainConfig.depth_decay must be in (0, 1], got {self.depth_decay}")
         if (
             self.hidden_loss_weight < 0
             or self.logit_loss_weight < 0
@@ -148,8 +156,11 @@ class DrafterTrainer:
         if self.config.input_noise > 0:
             noise = torch.rand(input_hidden.shape, generator=self.generator) * 2 - 1
             input_hidden = input_hidden + self.config.input_noise * noise.to(self.device, self.dtype)
-        features = self.forward(batch, input_hidden)
-        losses = drafter_losses(self.model, features, batch.target_hidden, batch.loss_mask)
+        if self.config.train_depth == 1:
+            features = self.forward(batch, input_hidden)
+            losses = drafter_losses(self.model, features, batch.target_hidden, batch.loss_mask)
+        else:
+            losses = unrolled_losses(self.model, batch, input_hidden, self.config.train_depth, self.config.depth_decay)
         loss = (
             self.config.hidden_loss_weight * losses["hidden_loss"]
             + self.config.logit_loss_weight * losses["logit_loss"]
@@ -286,6 +297,29 @@ def drafter_losses(
     return {"hidden_loss": hidden_loss, "logit_loss": logit_loss, "top1_accuracy": (agree * mask).sum() / count}
 
 
+def unrolled_losses(
+    model: EagleDrafterModel, batch: PackedBatch, input_hidden: torch.Tensor, depth: int, decay: float
+) -> dict[str, torch.Tensor]:
+    """`drafter_losses` of every depth of the unrolled chain, weighted decay ** (depth - 1) and normalised; the
+    top-1 accuracy is depth 1's (comparable with single-depth training)."""
+    total: dict[str, torch.Tensor] = {}
+    weights = 0.0
+    for level, draft in enumerate(unrolled_forward(model, batch, depth, input_hidden), start=1):
+        mask = batch.loss_mask[:, draft.target_index] & draft.valid.unsqueeze(0)
+        losses = drafter_losses(model, draft.features, batch.target_hidden[:, draft.target_index], mask)
+        weight = decay ** (level - 1)
+        weights += weight
+        for key in ("hidden_loss", "logit_loss"):
+            total[key] = total.get(key, 0.0) + weight * losses[key]
+        if level == 1:
+            total["top1_accuracy"] = losses["top1_accuracy"]
+    return {
+        "hidden_loss": total["hidden_loss"] / weights,
+        "logit_loss": total["logit_loss"] / weights,
+        "top1_accuracy": total["top1_accuracy"],
+    }
+
+
 @torch.no_grad()
 def evaluate_drafter(
     model: EagleDrafterModel, samples: list, max_tokens_per_batch: int = 4096, depth: int = 4
@@ -302,6 +336,12 @@ def evaluate_drafter(
     the target's distribution, however flat); a Monte-Carlo estimate over COUPLING_DRAWS seeded draws per position,
     the same draws for every model, so two drafters compare on equal noise. est_coupled_acceptance_length: the
     chain estimate from it.
+
+    chain_acceptance_length: a depth-`depth` keyed chain's tokens per verify step, averaged over every response
+    position as a start, with the drafts past the first made from the drafter's own features as at inference
+    (`verl_tlt.drafter.unroll`): 1 + the sum over depths of the product of the shared-noise agreements so far. A
+    chain that would run past the end of its sample stops there. chain_greedy_acceptance_length: the same for
+    greedy drafts accepted with the target's probability of them.
     """
     from verl_tlt.drafter.data import pack, windows
 
@@ -320,15 +360,28 @@ def evaluate_drafter(
         chunk.append(sample)
     if chunk:
         chunks.append(chunk)
+    chain_coupled = chain_greedy = 0.0
     for part in chunks:
         batch = pack(part).to(device, dtype)
-        features = drafter_forward(model, batch, batch.input_hidden)
         mask = batch.loss_mask
-        draft = model.logits(features).argmax(-1)
         target_probs = model.logits(batch.target_hidden).float().softmax(-1)
-        agree += float(((draft == target_probs.argmax(-1)) & mask).sum())
-        accept += float((target_probs.gather(-1, draft.unsqueeze(-1)).squeeze(-1) * mask).sum())
-        coupled += float((_coupled_agreement(model.logits(features), target_probs, noise_generator) * mask).sum())
+        # Each start's chain along its response: survival of every depth so far, under keyed and greedy drafting.
+        alive_coupled = alive_greedy = mask.float()
+        chain_coupled += float(alive_coupled.sum())  # the verify step's own token
+        chain_greedy += float(alive_greedy.sum())
+        for level, drafted in enumerate(unrolled_forward(model, batch, depth), start=1):
+            logits = model.logits(drafted.features)
+            probs = target_probs[:, drafted.target_index]
+            reachable = (mask[:, drafted.target_index] & drafted.valid.unsqueeze(0)).float()
+            greedy = probs.gather(-1, logits.argmax(-1, keepdim=True)).squeeze(-1) * reachable
+            shared = _coupled_agreement(logits, probs, noise_generator) * reachable
+            if level == 1:
+                agree += float(((logits.argmax(-1) == probs.argmax(-1)) & mask).sum())
+                accept += float((greedy * mask).sum())
+                coupled += float((shared * mask).sum())
+            alive_coupled, alive_greedy = alive_coupled * shared, alive_greedy * greedy
+            chain_coupled += float(alive_coupled.sum())
+            chain_greedy += float(alive_greedy.sum())
         pairs += float(mask.sum())
     model.train(was_training)
     if not pairs:
@@ -340,6 +393,8 @@ def evaluate_drafter(
         "est_acceptance_length": estimated_acceptance_length(accept_prob, depth),
         "coupled_accept_prob": coupled / pairs,
         "est_coupled_acceptance_length": estimated_acceptance_length(coupled / pairs, depth),
+        "chain_acceptance_length": chain_coupled / pairs,
+        "chain_greedy_acceptance_length": chain_greedy / pairs,
         "num_pairs": pairs,
     }
 

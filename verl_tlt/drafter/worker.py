@@ -77,7 +77,9 @@ class DrafterWorker:
         self.frozen.load_state_dict(model.state_dict())
         self.frozen.attach(self.target)
         self.frozen.requires_grad_(False)
-        train_config = DrafterTrainConfig(lr=config.lr, max_tokens_per_batch=config.max_tokens_per_batch, seed=seed)
+        train_config = DrafterTrainConfig(
+            lr=config.lr, max_tokens_per_batch=config.max_tokens_per_batch, train_depth=config.train_depth, seed=seed
+        )
         self.spot = SpotTrainer(model, train_config, buffer_tokens=config.buffer_tokens, checkpoint_dir=checkpoint_dir)
         self._fault = fault if fault is not None else os.environ.get(FAULT_ENV, "")
         self._starts = 0
