@@ -77,3 +77,23 @@ def test_a_budget_per_step_must_cover_every_step(world):
     target, drafter, samples = world
     with pytest.raises(ValueError, match="one per recorded step \\(3\\)"):
         replay(steps_of(samples, 3), target, drafter, CONFIG, [1, 2])
+
+
+def test_the_cli_names_a_missing_recording_and_writes_json(world, tmp_path, capsys):
+    from verl_tlt.bench.cli import main
+    from verl_tlt.drafter.capture_record import save_step
+
+    target, drafter, samples = world
+    with pytest.raises(SystemExit):
+        main(["drafter-replay", "--record", str(tmp_path / "none"), "--target", target, "--drafter", drafter])
+    assert "record a run with tlt.drafter.record_dir=" in capsys.readouterr().err
+    for record in steps_of(samples, 2):
+        save_step(tmp_path / "rec", record)
+    out = tmp_path / "replay.json"
+    args = ["--record", str(tmp_path / "rec"), "--target", target, "--drafter", drafter, "--json", str(out)]
+    main(["drafter-replay", *args, "--batch-tokens", "64", "--steps-per-rl-step", "0", "2", "--threads", "1"])
+    import json
+
+    result = json.loads(out.read_text())
+    assert [r["train_steps"] for r in result["rows"]] == [0, 2]
+    assert result["train_config"]["max_tokens_per_batch"] == 64

@@ -145,16 +145,19 @@ def main(argv: list[str] | None = None) -> int:
 
             target = target or str(ensure_toy_target(compact_share=COMPACT_SHARE))
             drafter = drafter or str(ensure_toy_drafter(compact_share=COMPACT_SHARE))
-        run_drafter_replay(
-            args.json,
-            args.record,
-            target,
-            drafter,
-            train_config,
-            args.steps_per_rl_step,
-            buffer_tokens=_or(args.buffer_tokens, drafter_defaults.buffer_tokens),
-            threads=args.threads,
-        )
+        try:
+            run_drafter_replay(
+                args.json,
+                args.record,
+                target,
+                drafter,
+                train_config,
+                args.steps_per_rl_step,
+                buffer_tokens=_or(args.buffer_tokens, drafter_defaults.buffer_tokens),
+                threads=args.threads,
+            )
+        except (FileNotFoundError, ValueError) as error:  # no recording, an unreadable one, or a wrong budget list
+            parser.error(str(error))
     elif args.name == "replay":
         from verl_tlt.bench.replay_bench import run as run_replay
 

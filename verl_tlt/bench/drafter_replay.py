@@ -141,10 +141,14 @@ def run(
     buffer_tokens: int = 262_144,
     threads: int = 1,
 ) -> dict:
-    torch.set_num_threads(threads)
     steps = load_steps(record_dir)
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
     start = time.perf_counter()
-    result = replay(steps, target_path, drafter_init, train_config, steps_per_rl_step, buffer_tokens=buffer_tokens)
+    try:
+        result = replay(steps, target_path, drafter_init, train_config, steps_per_rl_step, buffer_tokens=buffer_tokens)
+    finally:
+        torch.set_num_threads(previous_threads)
     result.update({"record_dir": record_dir, "target": target_path, "drafter": drafter_init, "threads": threads})
     result["wall_s"] = round(time.perf_counter() - start, 1)
     print("step  tokens  train_steps  train_s  " + "  ".join(f"{SHORT[m]:>17}" for m in METRICS))
