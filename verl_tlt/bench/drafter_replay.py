@@ -67,12 +67,12 @@ def replay(
     steps_per_rl_step: list[int],
     *,
     buffer_tokens: int = 262_144,
-    eval_tokens: int = 4096,
 ) -> dict:
     """Replay online training over `steps`; per-step scores of the online and the initial drafter, and totals."""
     from verl_tlt.engine.weights import load_pretrained, load_weights
 
     budget = _per_step_budget(steps_per_rl_step, len(steps))
+    eval_tokens = train_config.max_tokens_per_batch  # as a drafter worker scores: packed like its training batches
     target, _ = load_pretrained(target_path, dtype=torch.float32)
     target.requires_grad_(False)
     initial_target = {name: tensor.clone() for name, tensor in target.hf_weight_views().items()}
