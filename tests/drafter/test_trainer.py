@@ -207,7 +207,7 @@ def test_a_non_finite_batch_takes_no_optimizer_step(target):
 def test_evaluation_windows_long_samples_like_training(target, monkeypatch):
     """A packed batch's attention is quadratic in its length: evaluation must respect the batch budget too."""
     import verl_tlt.drafter.data as data
-    from verl_tlt.drafter.trainer import evaluate_drafter
+    from verl_tlt.drafter.evaluate import evaluate_drafter
 
     _, engine, samples = target
     sizes = []
@@ -259,7 +259,7 @@ def test_trained_drafter_raises_acceptance_in_the_engine(target):
 def test_the_shared_noise_agreement_is_exact_for_the_targets_own_distribution_and_right_for_two_tokens():
     """Keyed drafting accepts a draft when the drafter's and the target's Gumbel-max draws under one noise agree:
     always for the target's own distribution, however flat (where a greedy draft survives only with max p)."""
-    from verl_tlt.drafter.trainer import _coupled_agreement
+    from verl_tlt.drafter.evaluate import _coupled_agreement
 
     generator = torch.Generator().manual_seed(0)
     flat = torch.full((1, 4000, 2), 0.5)
@@ -273,7 +273,7 @@ def test_the_shared_noise_agreement_is_exact_for_the_targets_own_distribution_an
 
 def test_training_on_the_unrolled_chain_improves_the_drafters_own_chain(target):
     """train_depth=2 also trains the second draft, which reads the drafter's own feature; depth 1 is what it was."""
-    from verl_tlt.drafter.trainer import evaluate_drafter
+    from verl_tlt.drafter.evaluate import evaluate_drafter
 
     _, engine, samples = target
     before = evaluate_drafter(make_trainer(engine, samples).model, samples, 128)
@@ -289,7 +289,7 @@ def test_training_on_the_unrolled_chain_improves_the_drafters_own_chain(target):
 
 
 def test_the_chain_estimate_is_at_most_the_depth_plus_one_and_at_least_one(target):
-    from verl_tlt.drafter.trainer import evaluate_drafter
+    from verl_tlt.drafter.evaluate import evaluate_drafter
 
     _, engine, samples = target
     metrics = evaluate_drafter(EagleDrafterModel.from_target(engine.model), samples, 128, depth=3)

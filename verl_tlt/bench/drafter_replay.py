@@ -24,8 +24,9 @@ import torch
 
 from verl_tlt.drafter.capture_record import RecordedStep, load_steps
 from verl_tlt.drafter.data import DrafterDataBuffer
+from verl_tlt.drafter.evaluate import evaluate_drafter
 from verl_tlt.drafter.model import EagleDrafterModel
-from verl_tlt.drafter.trainer import DrafterTrainConfig, DrafterTrainer, evaluate_drafter
+from verl_tlt.drafter.trainer import DrafterTrainConfig, DrafterTrainer
 
 # The quickstart's headline averages the last 3 steps.
 LAST_STEPS = 3

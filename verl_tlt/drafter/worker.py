@@ -23,9 +23,10 @@ import torch
 
 from verl_tlt.config import DrafterConfig
 from verl_tlt.drafter.data import DrafterSample
+from verl_tlt.drafter.evaluate import evaluate_drafter
 from verl_tlt.drafter.model import EagleDrafterModel
 from verl_tlt.drafter.spot import SpotTrainer
-from verl_tlt.drafter.trainer import DrafterTrainConfig, evaluate_drafter
+from verl_tlt.drafter.trainer import DrafterTrainConfig
 
 logger = logging.getLogger(__name__)
 
