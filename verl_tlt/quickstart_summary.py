@@ -89,6 +89,14 @@ def step_rows(metrics: list[dict], trace: dict[int, list[dict]], rollouts: dict[
     return rows
 
 
+def _last_mean(rows: list[dict], key: str, sub_key: str | None = None) -> float | None:
+    """Mean of rows[i][key] (or rows[i][key][sub_key]) over the last LAST_STEPS rows that have it."""
+    values = [r.get(key) for r in rows[-LAST_STEPS:]]
+    if sub_key is not None:
+        values = [v.get(sub_key) if v is not None else None for v in values]
+    return _mean(values)
+
+
 def _mean(values: list[float]) -> float | None:
     values = [v for v in values if v is not None]
     return statistics.mean(values) if values else None
@@ -103,8 +111,8 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
 def headline(runs: dict[str, list[dict]]) -> dict[str, Any]:
     """The numbers the README reports, from the rows of the runs 'baseline', 'tlt' and 'frozen'."""
     base, tlt, frozen = runs["baseline"], runs["tlt"], runs["frozen"]
-    online_last = _mean([r.get("sd_acceptance_length") for r in tlt[-LAST_STEPS:]])
-    frozen_last = _mean([r.get("sd_acceptance_length") for r in frozen[-LAST_STEPS:]])
+    online_last = _last_mean(tlt, "sd_acceptance_length")
+    frozen_last = _last_mean(frozen, "sd_acceptance_length")
     base_rollout = sum(r.get("rollout_s") or 0.0 for r in base)
     tlt_rollout = sum(r.get("rollout_s") or 0.0 for r in tlt)
     overruns = [r.get("spot_overrun_s") for r in tlt if r.get("spot_overrun_s") is not None]
@@ -113,15 +121,15 @@ def headline(runs: dict[str, list[dict]]) -> dict[str, Any]:
     trained = sum(r.get("spot_trained_replica_s") or 0.0 for r in tlt)
     # The same comparison on the same samples: the TLT run scores its online drafter and its initial one on every
     # step's fresh captures (teacher-forced estimate), so both face exactly the same policy.
-    paired_online = _mean([r.get("drafter_eval_online_est_acceptance_length") for r in tlt[-LAST_STEPS:]])
-    paired_frozen = _mean([r.get("drafter_eval_frozen_est_acceptance_length") for r in tlt[-LAST_STEPS:]])
+    paired_online = _last_mean(tlt, "drafter_eval_online_est_acceptance_length")
+    paired_frozen = _last_mean(tlt, "drafter_eval_frozen_est_acceptance_length")
     # The engine's acceptance mixes strategies in the proportions each run's policy chose (a chain of 2 caps it at
     # 3, one of 4 at 5); per strategy, the two drafters compare at equal footing.
     strategies = sorted({name for r in tlt + frozen for name in r.get("sd_strategy_acceptance", {})})
     by_strategy = {}
     for name in strategies:
-        online = _mean([r.get("sd_strategy_acceptance", {}).get(name) for r in tlt[-LAST_STEPS:]])
-        fixed = _mean([r.get("sd_strategy_acceptance", {}).get(name) for r in frozen[-LAST_STEPS:]])
+        online = _last_mean(tlt, "sd_strategy_acceptance", name)
+        fixed = _last_mean(frozen, "sd_strategy_acceptance", name)
         by_strategy[name] = {"online": online, "frozen": fixed, "ratio": _ratio(online, fixed)}
     summary = {
         "acceptance_ratio_online_vs_frozen": _ratio(online_last, frozen_last),
@@ -130,13 +138,13 @@ def headline(runs: dict[str, list[dict]]) -> dict[str, Any]:
         "paired_est_acceptance_last3": {"online": paired_online, "frozen": paired_frozen},
         # The same for a keyed chain of 4 drafted from the drafter's own features, as the engine drafts it.
         "paired_chain_acceptance_last3": {
-            "online": _mean([r.get("drafter_eval_online_chain_acceptance_length") for r in tlt[-LAST_STEPS:]]),
-            "frozen": _mean([r.get("drafter_eval_frozen_chain_acceptance_length") for r in tlt[-LAST_STEPS:]]),
+            "online": _last_mean(tlt, "drafter_eval_online_chain_acceptance_length"),
+            "frozen": _last_mean(tlt, "drafter_eval_frozen_chain_acceptance_length"),
         },
         # The same, for drafts made under the rollout's keyed (shared-noise) sampling rather than greedily.
         "paired_coupled_acceptance_ratio_online_vs_frozen": _ratio(
-            _mean([r.get("drafter_eval_online_est_coupled_acceptance_length") for r in tlt[-LAST_STEPS:]]),
-            _mean([r.get("drafter_eval_frozen_est_coupled_acceptance_length") for r in tlt[-LAST_STEPS:]]),
+            _last_mean(tlt, "drafter_eval_online_est_coupled_acceptance_length"),
+            _last_mean(tlt, "drafter_eval_frozen_est_coupled_acceptance_length"),
         ),
         "acceptance_online_last3": online_last,
         "acceptance_frozen_last3": frozen_last,

@@ -25,11 +25,13 @@ import torch
 from verl_tlt.drafter.capture_record import RecordedStep, load_steps
 from verl_tlt.drafter.data import DrafterDataBuffer
 from verl_tlt.drafter.evaluate import evaluate_drafter
-from verl_tlt.drafter.model import EagleDrafterModel
+from verl_tlt.drafter.export import drafter_from_init
 from verl_tlt.drafter.trainer import DrafterTrainConfig, DrafterTrainer
 
 # The quickstart's headline averages the last 3 steps.
 LAST_STEPS = 3
+# The target weights an EAGLE drafter shares (transformers names; a tied LM head has no lm_head.weight).
+SHARED_WEIGHTS = ("model.embed_tokens.weight", "lm_head.weight")
 # evaluate_drafter's acceptance-length estimates (online / frozen per step, and the last steps' ratio): greedy drafts
 # at depth 1 extrapolated, keyed drafts at depth 1 extrapolated, and the keyed chain drafted from its own features.
 METRICS = ("est_acceptance_length", "est_coupled_acceptance_length", "chain_acceptance_length")
@@ -38,14 +40,6 @@ SHORT = {
     "est_coupled_acceptance_length": "keyed est",
     "chain_acceptance_length": "keyed chain",
 }
-
-
-def _load_drafter(init: str, target) -> EagleDrafterModel:
-    if init == "target":
-        return EagleDrafterModel.from_target(target)
-    from verl_tlt.drafter.export import load_eagle
-
-    return load_eagle(init, target)
 
 
 def _per_step_budget(steps_per_rl_step: list[int], num_steps: int) -> list[int]:
@@ -76,25 +70,21 @@ def replay(
     eval_tokens = train_config.max_tokens_per_batch  # as a drafter worker scores: packed like its training batches
     target, _ = load_pretrained(target_path, dtype=torch.float32)
     target.requires_grad_(False)
-    initial_target = {name: tensor.clone() for name, tensor in target.hf_weight_views().items()}
-    model = _load_drafter(drafter_init, target)
-    frozen = _load_drafter(drafter_init, target)
+    # The initial policy's weights that the drafter shares, for steps recorded before the first weight push.
+    views = target.hf_weight_views()
+    initial_shared = {name: views[name].clone() for name in SHARED_WEIGHTS if name in views}
+    model = drafter_from_init(drafter_init, target)
+    frozen = drafter_from_init(drafter_init, target)
     frozen.requires_grad_(False)
     trainer = DrafterTrainer(model, DrafterDataBuffer(buffer_tokens), train_config)
     rows = []
     for record, max_steps in zip(steps, budget, strict=True):
-        shared = record.shared_weights
-        if shared is None:  # the rollout ran the initial policy
-            shared = {
-                name: initial_target[name]
-                for name in ("model.embed_tokens.weight", "lm_head.weight")
-                if name in initial_target
-            }
+        shared = record.shared_weights if record.shared_weights is not None else initial_shared
         load_weights(target, shared.items(), strict=False)
         # The drafter this step's rollout decoded with: trained through the step before (what its acceptance shows).
         in_rollout = evaluate_drafter(model, record.samples, eval_tokens)
         report = trainer.train(max_steps=max_steps) if max_steps > 0 else None
-        online = evaluate_drafter(model, record.samples, eval_tokens)
+        online = evaluate_drafter(model, record.samples, eval_tokens) if report is not None else in_rollout
         initial = evaluate_drafter(frozen, record.samples, eval_tokens)
         trainer.buffer.add(record.samples)
         row = {

@@ -65,7 +65,7 @@ def evaluate_drafter(
         for level, drafted in enumerate(unrolled_forward(model, batch, depth), start=1):
             logits = model.logits(drafted.features)
             probs = target_probs[:, drafted.target_index]
-            reachable = (mask[:, drafted.target_index] & drafted.valid.unsqueeze(0)).float()
+            reachable = drafted.loss_mask(mask).float()
             greedy = probs.gather(-1, logits.argmax(-1, keepdim=True)).squeeze(-1) * reachable
             shared = _coupled_agreement(logits, probs, noise_generator) * reachable
             if level == 1:

@@ -262,6 +262,13 @@ def _fsync(path: Path) -> None:
 # ----- import ---------------------------------------------------------------------------------------------------
 
 
+def drafter_from_init(init: str, target: CausalLM) -> EagleDrafterModel:
+    """The drafter `tlt.drafter.init` names, attached to `target`: "target" (built from it) or an EAGLE export."""
+    if init == "target":
+        return EagleDrafterModel.from_target(target)
+    return load_eagle(init, target)
+
+
 def load_eagle(path: str | os.PathLike, target: CausalLM) -> EagleDrafterModel:
     """Read an EAGLE-1 export back as an `EagleDrafterModel` attached to `target`, validating it first.
 

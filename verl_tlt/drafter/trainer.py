@@ -28,7 +28,6 @@ from verl_tlt.drafter.data import DrafterDataBuffer, PackedBatch
 from verl_tlt.drafter.evaluate import estimated_acceptance_length
 from verl_tlt.drafter.model import EagleDrafterModel
 from verl_tlt.drafter.unroll import unrolled_forward
-from verl_tlt.engine.model import AttentionBatch
 
 logger = logging.getLogger(__name__)
 
@@ -267,16 +266,9 @@ class DrafterTrainer:
 
 
 def drafter_forward(model: EagleDrafterModel, batch: PackedBatch, input_hidden: torch.Tensor) -> torch.Tensor:
-    spec = model.spec
-    num_pairs = batch.num_pairs
-    k_cache = torch.zeros(
-        1, spec.num_kv_heads, num_pairs, spec.head_dim, device=input_hidden.device, dtype=input_hidden.dtype
-    )
-    v_cache = torch.zeros_like(k_cache)
-    cos, sin = model.target.rotary_tables(batch.positions, input_hidden.dtype)
-    write_pos = torch.arange(num_pairs, device=input_hidden.device).unsqueeze(0)
-    attention = AttentionBatch(row_start=0, write_pos=write_pos, attn_mask=batch.attn_mask, cos=cos, sin=sin)
-    return model(batch.next_token_ids, input_hidden, attention, k_cache, v_cache)
+    """The drafter's features [1, N, H] for every pair of a packed batch, read from the target's features: the first
+    depth of the unrolled chain."""
+    return unrolled_forward(model, batch, 1, input_hidden)[0].features
 
 
 def drafter_losses(
@@ -303,7 +295,7 @@ def unrolled_losses(
     total: dict[str, torch.Tensor] = {}
     weights = 0.0
     for level, draft in enumerate(unrolled_forward(model, batch, depth, input_hidden), start=1):
-        mask = batch.loss_mask[:, draft.target_index] & draft.valid.unsqueeze(0)
+        mask = draft.loss_mask(batch.loss_mask)
         losses = drafter_losses(model, draft.features, batch.target_hidden[:, draft.target_index], mask)
         weight = decay ** (level - 1)
         weights += weight

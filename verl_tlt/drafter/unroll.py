@@ -31,6 +31,11 @@ class DraftDepth:
     target_index: torch.Tensor
     valid: torch.Tensor
 
+    def loss_mask(self, pair_mask: torch.Tensor) -> torch.Tensor:
+        """[1, N]: the starts whose draft at this depth is scored: the predicted pair is in the start's sample and
+        `pair_mask` (the batch's [1, N] loss mask) admits it."""
+        return pair_mask[:, self.target_index] & self.valid.unsqueeze(0)
+
 
 def sample_ids(positions: torch.Tensor) -> torch.Tensor:
     """[N] sample number of every pair of a packed row (positions restart at 0 with every sample)."""

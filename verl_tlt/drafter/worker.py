@@ -67,12 +67,9 @@ class DrafterWorker:
             os.nice(cpu_niceness)
         self.rank, self.config = rank, config
         self.target = _target_model(target_path, dtype)
-        if config.init == "target":
-            model = EagleDrafterModel.from_target(self.target)
-        else:
-            from verl_tlt.drafter.export import load_eagle
+        from verl_tlt.drafter.export import drafter_from_init
 
-            model = load_eagle(config.init, self.target)
+        model = drafter_from_init(config.init, self.target)
         # The drafter as it started (frozen): fresh data is scored against it too, to show what training bought.
         self.frozen = EagleDrafterModel(model.spec).to(dtype=dtype)
         self.frozen.load_state_dict(model.state_dict())
