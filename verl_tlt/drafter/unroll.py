@@ -56,7 +56,6 @@ def unrolled_forward(
     cache_shape = (1, spec.num_kv_heads, num_pairs, spec.head_dim)
     k_cache = torch.zeros(cache_shape, device=device, dtype=hidden.dtype)
     v_cache = torch.zeros_like(k_cache)
-    own_chain = torch.eye(num_pairs, dtype=torch.bool, device=device).view(1, 1, num_pairs, num_pairs)
     mask = batch.attn_mask
     tokens = batch.next_token_ids
     depths: list[DraftDepth] = []
@@ -71,6 +70,8 @@ def unrolled_forward(
             # attention read would break its backward.
             k_cache = torch.cat([k_cache, torch.zeros(cache_shape, device=device, dtype=k_cache.dtype)], dim=2)
             v_cache = torch.cat([v_cache, torch.zeros(cache_shape, device=device, dtype=v_cache.dtype)], dim=2)
+            if level == 2:  # built only when the chain goes deeper: depth 1 is the plain training forward
+                own_chain = torch.eye(num_pairs, dtype=torch.bool, device=device).view(1, 1, num_pairs, num_pairs)
             mask = torch.cat([mask, own_chain], dim=-1)
         positions = batch.positions + shift
         cos, sin = model.target.rotary_tables(positions, hidden.dtype)
