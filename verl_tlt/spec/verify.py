@@ -167,17 +167,16 @@ def _verify_chains(
     depth = num_nodes - 1
     drafted = tree.tokens[:, 1:]  # [B, k]; drafted[:, i] is node i + 1, drawn from the drafter at node i
     greedy = is_greedy.tolist()
-    accepted = torch.zeros(rows, dtype=torch.long, device=tree.tokens.device)
-    final = torch.zeros(rows, dtype=torch.long, device=tree.tokens.device)
     greedy_rows = [row for row in range(rows) if greedy[row]]
     sampled_rows = [row for row in range(rows) if not greedy[row]]
-    if greedy_rows:
+    if not sampled_rows:  # every row greedy (the common batch): no row selection, a handful of ops in all
+        accepted, final = _greedy_chain_verdicts(target_logits, drafted)
+    else:
+        accepted = torch.zeros(rows, dtype=torch.long, device=tree.tokens.device)
+        final = torch.zeros(rows, dtype=torch.long, device=tree.tokens.device)
+    if sampled_rows and greedy_rows:
         index = torch.tensor(greedy_rows, device=tree.tokens.device)
-        argmax = target_logits[index].argmax(dim=-1)  # [G, N+1]
-        matches = drafted[index] == argmax[:, :-1]
-        count = matches.long().cumprod(dim=-1).sum(dim=-1)
-        accepted[index] = count
-        final[index] = argmax.gather(1, count.unsqueeze(1)).squeeze(1)
+        accepted[index], final[index] = _greedy_chain_verdicts(target_logits[index], drafted[index])
     if sampled_rows:
         index = torch.tensor(sampled_rows, device=tree.tokens.device)
         probs = target_logits[index].softmax(dim=-1)  # [S, N+1, V]
@@ -204,6 +203,13 @@ def _verify_chains(
     return [
         VerifyResult(list(range(counts[row] + 1)), drafts[row][: counts[row]] + [finals[row]]) for row in range(rows)
     ]
+
+
+def _greedy_chain_verdicts(target_logits: torch.Tensor, drafted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accepted draft count [G] (the longest prefix equal to the target's argmax) and the token emitted after it."""
+    argmax = target_logits.argmax(dim=-1)  # [G, N+1]
+    count = (drafted == argmax[:, :-1]).long().cumprod(dim=-1).sum(dim=-1)
+    return count, argmax.gather(1, count.unsqueeze(1)).squeeze(1)
 
 
 def _reject(residual: torch.Tensor, token, draft_probs: torch.Tensor | None) -> torch.Tensor:
