@@ -42,10 +42,25 @@ def sample_ids(positions: torch.Tensor) -> torch.Tensor:
     return torch.cumsum(positions[0] == 0, dim=0) - 1
 
 
+def sample_ranges(positions: torch.Tensor) -> tuple[tuple[int, int], ...]:
+    """(start, end) pair range of every sample of a packed row (positions [1, N] restart at 0 with every sample)."""
+    starts = torch.nonzero(positions[0] == 0).flatten().tolist()
+    return tuple(zip(starts, [*starts[1:], positions.shape[1]], strict=True))
+
+
 def unrolled_forward(
-    model: EagleDrafterModel, batch: PackedBatch, depth: int, input_hidden: torch.Tensor | None = None
+    model: EagleDrafterModel,
+    batch: PackedBatch,
+    depth: int,
+    input_hidden: torch.Tensor | None = None,
+    *,
+    segmented: bool = True,
 ) -> list[DraftDepth]:
-    """The drafter's features at depths 1..depth for every start pair of `batch` (see the module docstring)."""
+    """The drafter's features at depths 1..depth for every start pair of `batch` (see the module docstring).
+
+    segmented: attention runs sample by sample (`segmented_attention`), not over the whole packed row with its
+    block-diagonal mask; the same features up to float rounding, for a fraction of the attention's work.
+    """
     if depth < 1:
         raise ValueError(f"unrolled_forward needs depth >= 1, got {depth}")
     spec, num_pairs = model.spec, batch.num_pairs
@@ -58,6 +73,7 @@ def unrolled_forward(
     v_cache = torch.zeros_like(k_cache)
     mask = batch.attn_mask
     tokens = batch.next_token_ids
+    segments = sample_ranges(batch.positions) if segmented else None
     depths: list[DraftDepth] = []
     for level in range(1, depth + 1):
         shift = level - 1
@@ -76,7 +92,9 @@ def unrolled_forward(
         positions = batch.positions + shift
         cos, sin = model.target.rotary_tables(positions, hidden.dtype)
         write_pos = (shift * num_pairs + index).unsqueeze(0)
-        attention = AttentionBatch(row_start=0, write_pos=write_pos, attn_mask=mask, cos=cos, sin=sin)
+        attention = AttentionBatch(
+            row_start=0, write_pos=write_pos, attn_mask=mask, cos=cos, sin=sin, segments=segments, key_block=num_pairs
+        )
         features = model(tokens, hidden, attention, k_cache, v_cache)
         depths.append(DraftDepth(features, target_index, valid))
     return depths
