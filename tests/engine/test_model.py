@@ -37,3 +37,16 @@ def test_attention_batch_without_a_mask_needs_its_length():
     assert AttentionBatch(0, positions, torch.ones(1, 1, 1, 7, dtype=torch.bool), cos, sin).kv_len == 7
     with pytest.raises(ValueError, match="kv_len"):
         AttentionBatch(0, positions, None, cos, sin)
+
+
+def test_attention_batch_segments_need_one_packed_row_with_a_mask_and_whole_key_blocks():
+    cos = sin = torch.zeros(1, 4, 8)
+    write_pos = torch.arange(4).unsqueeze(0)
+    mask = torch.ones(1, 1, 4, 8, dtype=torch.bool)
+    AttentionBatch(0, write_pos, mask, cos, sin, segments=((0, 2), (2, 4)), key_block=4)  # two blocks of 4 keys
+    with pytest.raises(ValueError, match="one packed row"):
+        AttentionBatch(0, write_pos, None, cos, sin, kv_len=8, segments=((0, 4),), key_block=4)
+    with pytest.raises(ValueError, match="one packed row"):
+        AttentionBatch(0, write_pos.expand(2, 4), mask.expand(2, 1, 4, 8), cos, sin, segments=((0, 4),), key_block=4)
+    with pytest.raises(ValueError, match="key_block"):
+        AttentionBatch(0, write_pos, mask, cos, sin, segments=((0, 4),), key_block=3)
