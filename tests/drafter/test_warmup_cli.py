@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from verl_tlt.cli import main
 from verl_tlt.drafter.export import load_eagle
 from verl_tlt.engine import RolloutEngine
@@ -15,7 +17,7 @@ def test_warmup_cli_reads_parquet_prompts_and_exports(tmp_path):
     out, report_path = tmp_path / "drafter", tmp_path / "report.json"
     argv = ["drafter", "warmup", "--target", str(world.model_dir), "--prompts", str(world.train_parquet)]
     argv += ["--out", str(out), "--num-prompts", "4", "--steps", "3", "--max-tokens", "8"]
-    argv += ["--temperature", "0", "1", "--json", str(report_path)]
+    argv += ["--temperature", "0", "1", "--json", str(report_path), "--train-depth", "2"]
     assert main(argv) == 0
     report = json.loads(report_path.read_text())
     assert report["num_prompts"] == 4 and report["num_samples"] == 8 and report["train_steps"] == 3
@@ -23,3 +25,10 @@ def test_warmup_cli_reads_parquet_prompts_and_exports(tmp_path):
     load_eagle(str(out), engine.model)  # the export loads against its target
     config = json.loads((out / "config.json").read_text())
     assert config["num_hidden_layers"] == 1
+
+
+def test_warmup_cli_refuses_a_bad_train_depth_before_any_work(tmp_path, capsys):
+    argv = ["drafter", "warmup", "--target", str(tmp_path / "missing"), "--prompts", str(tmp_path / "missing.parquet")]
+    with pytest.raises(SystemExit):
+        main([*argv, "--out", str(tmp_path / "out"), "--train-depth", "0"])
+    assert "--train-depth 0" in capsys.readouterr().err

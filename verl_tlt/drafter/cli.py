@@ -21,13 +21,26 @@ def main(argv: list[str] | None = None) -> int:
     warmup.add_argument("--temperature", type=float, nargs="+", default=[1.0], help="one or more sampling temperatures")
     warmup.add_argument("--max-tokens", type=int, default=512)
     warmup.add_argument("--init-from", default=None, help="start from an exported drafter instead of the target")
+    warmup.add_argument(
+        "--train-depth",
+        type=int,
+        default=1,
+        help="train on the drafter's own chain to this depth (DrafterTrainConfig.train_depth; 1 = target features "
+        "only); deeper drafts of a chain improve, each step costs about one more forward-backward per depth",
+    )
     warmup.add_argument("--seed", type=int, default=0)
     warmup.add_argument("--json", default=None, help="write the report here")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     from dataclasses import asdict
 
+    from verl_tlt.drafter.trainer import DrafterTrainConfig
     from verl_tlt.drafter.warmup import prompts_from_parquet, warmup_drafter
+
+    try:
+        config = DrafterTrainConfig(seed=args.seed, train_depth=args.train_depth)
+    except ValueError as error:
+        parser.error(f"--train-depth {args.train_depth}: {error}")
 
     prompts = prompts_from_parquet(args.prompts, args.target, args.prompt_key, args.num_prompts)
     report = warmup_drafter(
@@ -40,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         max_tokens=args.max_tokens,
         seed=args.seed,
         init_from=args.init_from,
+        config=config,
     )
     print(json.dumps(asdict(report), indent=2))
     if args.json:
