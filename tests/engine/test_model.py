@@ -50,3 +50,18 @@ def test_attention_batch_segments_need_one_packed_row_with_a_mask_and_whole_key_
         AttentionBatch(0, write_pos.expand(2, 4), mask.expand(2, 1, 4, 8), cos, sin, segments=((0, 4),), key_block=4)
     with pytest.raises(ValueError, match="key_block"):
         AttentionBatch(0, write_pos, mask, cos, sin, segments=((0, 4),), key_block=3)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_drafter_shared_views_are_the_embedding_and_an_untied_lm_head(arch, tmp_path):
+    from tests.engine.conftest import build_tiny_model
+    from verl_tlt.engine.weights import load_pretrained
+
+    build_tiny_model(arch, tmp_path)  # qwen2 ties its LM head to the embedding here, llama does not
+    model, _ = load_pretrained(str(tmp_path))
+    shared = model.drafter_shared_views()
+    expected = ["model.embed_tokens.weight"] + ([] if arch == "qwen2" else ["lm_head.weight"])
+    assert sorted(shared) == sorted(expected)
+    assert shared["model.embed_tokens.weight"].data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    if arch == "llama":
+        assert shared["lm_head.weight"].data_ptr() == model.lm_head.weight.data_ptr()

@@ -30,8 +30,6 @@ from verl_tlt.drafter.trainer import DrafterTrainConfig, DrafterTrainer
 
 # The quickstart's headline averages the last 3 steps.
 LAST_STEPS = 3
-# The target weights an EAGLE drafter shares (transformers names; a tied LM head has no lm_head.weight).
-SHARED_WEIGHTS = ("model.embed_tokens.weight", "lm_head.weight")
 # evaluate_drafter's acceptance-length estimates (online / frozen per step, and the last steps' ratio): greedy drafts
 # at depth 1 extrapolated, keyed drafts at depth 1 extrapolated, and the keyed chain drafted from its own features.
 METRICS = ("est_acceptance_length", "est_coupled_acceptance_length", "chain_acceptance_length")
@@ -71,8 +69,7 @@ def replay(
     target, _ = load_pretrained(target_path, dtype=torch.float32)
     target.requires_grad_(False)
     # The initial policy's weights that the drafter shares, for steps recorded before the first weight push.
-    views = target.hf_weight_views()
-    initial_shared = {name: views[name].clone() for name in SHARED_WEIGHTS if name in views}
+    initial_shared = {name: view.clone() for name, view in target.drafter_shared_views().items()}
     model = drafter_from_init(drafter_init, target)
     frozen = drafter_from_init(drafter_init, target)
     frozen.requires_grad_(False)

@@ -361,6 +361,13 @@ class CausalLM(nn.Module):
     def invalidate_weight_caches(self) -> None:
         invalidate_cpu_layouts(self)
 
+    def drafter_shared_views(self) -> dict[str, torch.Tensor]:
+        """The weights an EAGLE drafter shares with this model, under transformers names: the embedding, and the LM
+        head unless it is tied to the embedding."""
+        views = self.hf_weight_views()
+        names = ["model.embed_tokens.weight"] + ([] if self.spec.tie_word_embeddings else ["lm_head.weight"])
+        return {name: views[name] for name in names}
+
     def hf_weight_views(self) -> dict[str, torch.Tensor]:
         """Every weight under its transformers name; fused projections appear as views of their parts.
 

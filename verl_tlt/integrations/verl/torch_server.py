@@ -209,12 +209,9 @@ class TorchRolloutServer:
 
     def target_shared_weights(self) -> dict[str, torch.Tensor]:
         """The target's embedding and LM head (transformers names), which an EAGLE drafter shares, on CPU."""
-        views = self.engine.model.hf_weight_views()
-        names = ["model.embed_tokens.weight"]
-        if not self.engine.model.spec.tie_word_embeddings:
-            names.append("lm_head.weight")
         with self._engine_lock:
-            return {name: views[name].detach().to("cpu", copy=True) for name in names}
+            views = self.engine.model.drafter_shared_views()
+            return {name: view.detach().to("cpu", copy=True) for name, view in views.items()}
 
     def drafter_version(self) -> int | None:
         return self._drafter_sync.version if self._drafter_sync is not None else None
