@@ -37,6 +37,8 @@ def test_the_record_starts_at_the_first_submit_and_lists_every_finish():
     trace.on_submit()
     clock.now = 11.0
     trace.on_submit()  # later submits do not move the start
+    trace.on_engine_step(0.25)
+    trace.on_engine_step(1.0)
     clock.now = 12.5
     trace.on_finish(40, {"num_verify_steps": 3, "num_accepted_tokens": 5, "num_output_tokens": 40, "other": 9})
     clock.now = 14.0
@@ -49,7 +51,9 @@ def test_the_record_starts_at_the_first_submit_and_lists_every_finish():
         "validation": False,
         "start": 10.0,
         "closed": 15.0,
+        "submit_times": [10.0, 11.0],
         "finish_times": [12.5, 14.0],
+        "engine_busy_s": 1.25,
         "response_tokens": [40, 7],
         "sd": sd(verify=3, accepted=5, output=40),
         "drafter_version": 3,
@@ -78,7 +82,7 @@ def test_close_without_submits_is_none_and_close_starts_a_fresh_record():
     trace.on_finish(3, {})
     record = trace.close()
     assert record["start"] == 50.0 and record["finish_times"] == [52.0] and record["response_tokens"] == [3]
-    assert record["sd"] == sd()
+    assert record["sd"] == sd() and record["submit_times"] == [50.0] and record["engine_busy_s"] == 0.0
 
 
 def test_the_default_clock_is_wall_time():
@@ -140,6 +144,19 @@ def test_rollout_summary_of_nothing_and_of_records_without_finishes():
         "num_responses": 0,
         **sd(),
     }  # no acceptance_length
+
+
+def test_rollout_summary_adds_engine_busy_time_and_the_last_arrival_when_every_record_has_them():
+    busy = [
+        {**record(0, 100.0, 112.0, [101.0], [10], sd()), "submit_times": [100.0, 100.5], "engine_busy_s": 0.75},
+        {**record(1, 100.2, 111.0, [102.0], [20], sd()), "submit_times": [100.2, 103.0], "engine_busy_s": 1.5},
+    ]
+    summary = rollout_summary(busy)
+    assert summary["engine_busy_s"] == 2.25 and summary["last_submit"] == 103.0
+    metrics = rollout_metrics(busy, [])
+    assert metrics["tlt/rollout/engine_busy_s"] == 2.25 and metrics["tlt/rollout/last_submit_s"] == 3.0
+    mixed = rollout_summary([busy[0], record(2, 100.0, 110.0, [105.0], [5], sd())])  # an older record lacks them
+    assert "engine_busy_s" not in mixed and "last_submit" not in mixed
 
 
 def test_append_jsonl_creates_the_directory_and_appends_one_line_per_record(tmp_path):

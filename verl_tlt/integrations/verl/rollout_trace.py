@@ -29,14 +29,24 @@ class RolloutTrace:
 
     def _reset(self) -> None:
         self.start: float | None = None
+        self.submit_times: list[float] = []
         self.finish_times: list[float] = []
+        # Seconds the engine spent in its decode steps: against the rollout's wall time, how much of it decoding was
+        # (the rest waits for requests to arrive or for the agent loop to take responses away).
+        self.engine_busy_s = 0.0
         self.response_tokens: list[int] = []
         self.sd_totals = dict.fromkeys(SD_COUNTERS, 0)
 
     def on_submit(self) -> None:
         with self._lock:
+            now = self.clock()
             if self.start is None:
-                self.start = self.clock()
+                self.start = now
+            self.submit_times.append(now)
+
+    def on_engine_step(self, seconds: float) -> None:
+        with self._lock:
+            self.engine_busy_s += seconds
 
     def on_finish(self, num_tokens: int, stats: dict[str, int]) -> None:
         with self._lock:
@@ -60,7 +70,9 @@ class RolloutTrace:
                 "validation": validation,
                 "start": self.start,
                 "closed": self.clock(),
+                "submit_times": list(self.submit_times),
                 "finish_times": list(self.finish_times),
+                "engine_busy_s": self.engine_busy_s,
                 "response_tokens": list(self.response_tokens),
                 "sd": dict(self.sd_totals),
                 **(extra or {}),
@@ -86,7 +98,8 @@ def acceptance_length(sd: dict[str, int]) -> float | None:
 
 def rollout_summary(records: list[dict[str, Any]]) -> dict[str, float]:
     """One step's rollout across replicas: start (first request in), last finish, closed (the first replica put
-    to sleep: the rollout phase's end), SD totals."""
+    to sleep: the rollout phase's end), SD totals, and where the records have them the engines' busy seconds (summed)
+    and the last request's arrival."""
     records = [r for r in records if r is not None]
     if not records:
         return {}
@@ -100,6 +113,9 @@ def rollout_summary(records: list[dict[str, Any]]) -> dict[str, float]:
         "num_responses": len(finishes),
         **sd,
     }
+    if all("engine_busy_s" in r for r in records):  # records from before these fields existed lack them
+        summary["engine_busy_s"] = sum(r["engine_busy_s"] for r in records)
+        summary["last_submit"] = max(t for r in records for t in r["submit_times"])
     length = acceptance_length(sd)
     if length is not None:
         summary["acceptance_length"] = length

@@ -354,6 +354,11 @@ def rollout_metrics(
         lengths = [n for r in records for n in r["response_tokens"]]
         metrics.update(long_tail_metrics(finishes, lengths))
         metrics["tlt/rollout/time_s"] = summary["last_finish"] - start
+        if "engine_busy_s" in summary:
+            # Against the rollout time, whether decoding bounds it (near 1 per replica) or the requests' arrival
+            # and verl's agent loop do: only the decoding part is what speculation can shorten.
+            metrics["tlt/rollout/engine_busy_s"] = summary["engine_busy_s"]
+            metrics["tlt/rollout/last_submit_s"] = summary["last_submit"] - start
         metrics["tlt/tail/extension_s"] = summary["closed"] - summary["last_finish"]
         if "acceptance_length" in summary:
             metrics["tlt/sd/acceptance_length"] = summary["acceptance_length"]

@@ -170,7 +170,9 @@ class TorchRolloutServer:
                     with self._engine_lock:
                         if not self.engine.has_unfinished():
                             break
+                        began = time.perf_counter()
                         finished = self.engine.step()
+                        self.trace.on_engine_step(time.perf_counter() - began)
                 except Exception as error:  # a crashed engine thread would hang every caller: fail them instead
                     logger.exception("torch rollout server %d: engine step failed", self.replica_rank)
                     self._fail_all(error)
