@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from verl_tlt.quickstart_summary import format_table, headline, read_trace, step_rows
+from verl_tlt.quickstart_summary import format_decode_costs, format_table, headline, read_trace, step_rows
 from verl_tlt.toy.task import COMPACT, Problem, solution_text
 
 PROBLEM = Problem.from_nd(11, 4)
@@ -62,7 +62,28 @@ def test_rows_take_rollout_time_and_tail_extension_from_the_servers_traces(tmp_p
     assert first["other_s"] == pytest.approx(10.0 - 4.0 - 1.0 - 2.0)
     assert first["sd_acceptance_length"] == 3.0 and "sd_acceptance_length" not in second
     assert second["rollout_s"] == pytest.approx(1.0)
+    assert "engine_busy_s" not in first  # these records predate the engine's busy time
     assert read_trace(tmp_path / "missing.jsonl") == {}
+
+
+def test_rows_carry_engine_busy_time_and_the_last_arrival_when_the_records_have_them():
+    records = [
+        {**_trace_record(0, 0, 100.0, [103.0], 104.0), "submit_times": [100.0, 101.5], "engine_busy_s": 2.5},
+        {**_trace_record(0, 1, 100.5, [102.0], 104.0), "submit_times": [100.5, 102.0], "engine_busy_s": 1.0},
+    ]
+    (row,) = step_rows([_metrics(1, None)], {0: records}, {})
+    assert row["engine_busy_s"] == pytest.approx(3.5) and row["last_submit_s"] == pytest.approx(2.0)
+
+
+def test_decode_costs_table_has_a_column_per_run_and_kind_present():
+    decode = {
+        "baseline": {"1": {"plain": 8.0}, "16": {"plain": 1.25}},
+        "tlt": {"1": {"plain": 9.0, "sd": 4.0}, "16": {"sd": 1.5}},
+    }
+    header, one, sixteen = format_decode_costs(decode).splitlines()
+    assert header.split("|")[1:] == [f" {'baseline plain':>14} ", f" {'tlt plain':>14} ", f" {'tlt sd':>14}"]
+    assert one.split() == ["1", "|", "8.00", "|", "9.00", "|", "4.00"]
+    assert sixteen.split() == ["16", "|", "1.25", "|", "-", "|", "1.50"]
 
 
 def _rows(rollout_s: list[float], acceptance: list[float] | None) -> list[dict]:

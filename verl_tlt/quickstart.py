@@ -19,8 +19,9 @@ import logging
 import os
 from pathlib import Path
 
+from verl_tlt.engine.decode_stats import ms_per_token_by_batch
 from verl_tlt.integrations.verl.request_seeds import SLOT_AGENT_LOOP
-from verl_tlt.quickstart_summary import format_table, headline, read_trace, step_rows
+from verl_tlt.quickstart_summary import format_decode_costs, format_table, headline, read_trace, step_rows
 from verl_tlt.verl_job import read_rollouts, run_verl_job
 
 logger = logging.getLogger(__name__)
@@ -161,7 +162,7 @@ def run_comparison(args: argparse.Namespace) -> dict:
         *args.override,  # last, so they win over the defaults above
     ]
     out = Path(args.out)
-    runs, wall, responses = {}, {}, {}
+    runs, wall, responses, decode = {}, {}, {}, {}
     for name in args.runs:
         extra = RUNS[name]
         run_dir = (out / name).resolve()
@@ -172,7 +173,11 @@ def run_comparison(args: argparse.Namespace) -> dict:
             [*common, *extra, trace], run_dir, timeout_s=args.timeout, entry_module="verl_tlt.main_ppo"
         )
         rollouts = {m["step"]: read_rollouts(result.rollout_dump_dir, m["step"]) for m in result.metrics}
-        runs[name] = step_rows(result.metrics, read_trace(run_dir / TRACE_FILE), rollouts)
+        trace = read_trace(run_dir / TRACE_FILE)
+        runs[name] = step_rows(result.metrics, trace, rollouts)
+        decode[name] = ms_per_token_by_batch(
+            [r.get("decode_costs") or {} for records in trace.values() for r in records]
+        )
         wall[name] = round(result.wall_s, 1)
         responses[name] = {step: sorted((r["input"], r["output"]) for r in dump) for step, dump in rollouts.items()}
     complete = set(runs) == set(RUNS)
@@ -180,6 +185,10 @@ def run_comparison(args: argparse.Namespace) -> dict:
         "job": f"toy GRPO on CPU, torch rollout, {args.replicas} replicas: baseline vs TLT vs TLT, frozen drafter",
         **(headline(runs) if complete else {}),
         "steps_with_baseline_responses": same_responses_steps(responses),
+        # Decode ms per committed token by batch-size group (powers of two), plain and speculative steps, over the
+        # run's rollouts: whether speculation paid at each batch size. Plain and SD steps of one run ran at the same
+        # moments; across runs the machine's drift is in the comparison too.
+        "decode_ms_per_token_by_batch": decode,
         "wall_s": wall,
         "runs": runs,
         "overrides": common,
@@ -272,6 +281,8 @@ def _print_headline(summary: dict) -> None:
         f"TLT {show(tail['tlt_mean'])} s; spot training ran on after the last response for at most "
         f"{show(tail['tlt_spot_overrun_max'])} s (one drafter step: {show(tail['drafter_step_s_max'])} s)"
     )
+    print("decode ms per committed token by running batch size (plain / speculative steps):")
+    print(format_decode_costs(summary["decode_ms_per_token_by_batch"]))
     print(
         f"idle replica-seconds {summary['idle_replica_s']:.1f}, of which used for drafter training "
         f"{100 * summary['idle_share_used_for_training']:.0f}%; wall time per run: {summary['wall_s']}"

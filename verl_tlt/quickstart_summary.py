@@ -51,6 +51,9 @@ def step_rows(metrics: list[dict], trace: dict[int, list[dict]], rollouts: dict[
         if summary:
             row["rollout_s"] = summary["last_finish"] - summary["start"]
             row["tail_extension_s"] = summary["closed"] - summary["last_finish"]
+            if "engine_busy_s" in summary:  # summed over replicas; when the last request reached a replica
+                row["engine_busy_s"] = summary["engine_busy_s"]
+                row["last_submit_s"] = summary["last_submit"] - summary["start"]
         row["reward_mean"] = m.get("critic/score/mean")
         row["response_len_mean"] = m.get("response_length/mean")
         row["compact_share"] = sum(response_style(o) == COMPACT for o in outputs) / len(outputs) if outputs else None
@@ -189,3 +192,20 @@ def format_table(runs: dict[str, list[dict]]) -> str:
 
 def _fmt(value: float | None, width: int = 9) -> str:
     return f"{value:>{width}.2f}" if isinstance(value, (int, float)) else f"{'-':>{width}}"
+
+
+def format_decode_costs(decode: dict[str, dict[str, dict[str, float]]]) -> str:
+    """Decode ms per token by batch-size group, one column per run and kind (plain / SD), as printed by the
+    quickstart; decode: run -> `ms_per_token_by_batch` of its rollouts."""
+    columns = [
+        (run, kind)
+        for run, groups in decode.items()
+        for kind in ("plain", "sd")
+        if any(kind in g for g in groups.values())
+    ]
+    groups = sorted({int(g) for groups in decode.values() for g in groups})
+    lines = ["batch >= | " + " | ".join(f"{run} {kind}".rjust(14) for run, kind in columns)]
+    for group in groups:
+        cells = [decode[run].get(str(group), {}).get(kind) for run, kind in columns]
+        lines.append(f"{group:8d} | " + " | ".join(_fmt(cell, 14) for cell in cells))
+    return "\n".join(lines)

@@ -1,10 +1,17 @@
-"""Decode counters: acceptance length per strategy, over one engine and over several replicas."""
+"""Decode counters: acceptance length per strategy, over one engine and over several replicas; decode costs by
+batch-size group."""
 
 from __future__ import annotations
 
 import pytest
 
-from verl_tlt.engine.decode_stats import DecodeStats, strategy_acceptance
+from verl_tlt.engine.decode_stats import (
+    DecodeCosts,
+    DecodeStats,
+    batch_group,
+    ms_per_token_by_batch,
+    strategy_acceptance,
+)
 from verl_tlt.spec.strategy import SpecStrategy
 
 
@@ -34,3 +41,41 @@ def test_engine_counts_every_speculative_token_under_its_strategy(varied_qwen2):
     assert stats["sd_tokens_by_strategy"] == {"4_1_4": stats["tokens_sd"]}
     # A perfect drafter: every verified row commits 5 tokens, except where max_tokens cuts the last draft (20 = 4 x 5).
     assert engine.stats.acceptance_by_strategy()["4_1_4"] == pytest.approx(5.0)
+    # The same steps by batch-size group: a batch of 2 until the shorter request finishes (all 21 tokens at batch 2).
+    costs = engine.decode_costs.take()
+    assert set(costs) == {"2"} and set(costs["2"]) == {"4_1_4"}
+    tokens, seconds, steps = costs["2"]["4_1_4"]
+    assert tokens == stats["tokens_sd"] and steps == stats["steps_sd"] and seconds > 0
+
+
+def test_batch_groups_are_powers_of_two():
+    assert [batch_group(n) for n in (1, 2, 3, 4, 7, 8, 31, 32, 33, 64, 100)] == [1, 2, 2, 4, 4, 8, 16, 32, 32, 64, 64]
+    with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
+        batch_group(0)
+
+
+def test_decode_costs_sum_per_group_and_arm_until_taken():
+    costs = DecodeCosts()
+    costs.record("plain", batch_size=5, tokens=5, seconds=0.5)
+    costs.record("plain", batch_size=6, tokens=6, seconds=0.25)
+    costs.record("4_1_4", batch_size=7, tokens=14, seconds=1.0)
+    costs.record("plain", batch_size=40, tokens=40, seconds=0.5)
+    taken = costs.take()
+    assert taken == {"4": {"plain": [11, 0.75, 2], "4_1_4": [14, 1.0, 1]}, "32": {"plain": [40, 0.5, 1]}}
+    assert costs.take() == {}  # taking starts afresh
+    costs.record("2_1_2", batch_size=1, tokens=2, seconds=0.01)
+    assert costs.take() == {"1": {"2_1_2": [2, 0.01, 1]}}
+
+
+def test_ms_per_token_pools_strategies_and_sums_records():
+    first = {
+        "4": {"plain": [10, 0.02, 2], "4_1_4": [30, 0.03, 2], "2_1_2": [10, 0.02, 2]},
+        "32": {"plain": [64, 0.032, 2]},
+    }
+    second = {"4": {"plain": [10, 0.04, 2]}, "1": {"6_1_6": [0, 0.1, 1]}}  # a group without tokens is left out
+    assert ms_per_token_by_batch([first, second]) == {
+        "1": {},
+        "4": {"plain": pytest.approx(3.0), "sd": pytest.approx(1.25)},  # 60 ms / 20 plain tokens, 50 ms / 40 SD ones
+        "32": {"plain": pytest.approx(0.5)},
+    }
+    assert ms_per_token_by_batch([]) == {}

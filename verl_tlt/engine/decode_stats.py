@@ -1,5 +1,5 @@
 """Per-engine counters of plain vs speculative decode steps, for metrics (share of steps/tokens with SD, strategy
-mix per batch-size bucket)."""
+mix per batch-size bucket), and the decode cost per token by batch size (`DecodeCosts`)."""
 
 from __future__ import annotations
 
@@ -79,3 +79,54 @@ def strategy_acceptance(stats: list[dict]) -> dict[str, float]:
         rows.update(entry.get("sd_rows_by_strategy") or {})
         tokens.update(entry.get("sd_tokens_by_strategy") or {})
     return {name: tokens[name] / count for name, count in rows.items() if count}
+
+
+def batch_group(batch_size: int) -> int:
+    """The power of two at or below batch_size: the batch-size groups decode costs are reported by."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    return 1 << (batch_size.bit_length() - 1)
+
+
+@dataclass
+class DecodeCosts:
+    """Committed tokens, seconds and steps of decode steps per batch-size group and arm ('plain' or a strategy
+    name), until `take()`.
+
+    The same groups whether or not a policy runs, so a run without speculation and one with it can be compared at
+    each batch size, and within a speculating run its plain steps (probes, steps above the threshold) against its
+    speculative ones at the same batch sizes and the same moments: on a machine whose speed drifts between runs, that
+    within-run comparison is the one that says whether speculation paid.
+    """
+
+    # batch group -> arm -> [committed tokens, seconds, steps]
+    costs: dict[int, dict[str, list[float]]] = field(default_factory=dict)
+
+    def record(self, arm: str, batch_size: int, tokens: int, seconds: float) -> None:
+        entry = self.costs.setdefault(batch_group(batch_size), {}).setdefault(arm, [0, 0.0, 0])
+        entry[0] += tokens
+        entry[1] += seconds
+        entry[2] += 1
+
+    def take(self) -> dict[str, dict[str, list[float]]]:
+        """The costs so far as JSON-ready {group: {arm: [tokens, seconds, steps]}}; starts afresh."""
+        taken = {str(group): {arm: list(entry) for arm, entry in arms.items()} for group, arms in self.costs.items()}
+        self.costs = {}
+        return taken
+
+
+def ms_per_token_by_batch(records: list[dict]) -> dict[str, dict[str, float]]:
+    """Decode milliseconds per committed token by batch group, plain and speculative (every strategy pooled), summed
+    over `DecodeCosts.take()` results (e.g. every rollout of a run); groups ascending, arms without tokens left out."""
+    totals: dict[int, dict[str, list[float]]] = {}
+    for costs in records:
+        for group, arms in costs.items():
+            for arm, (tokens, seconds, _steps) in arms.items():
+                kind = "plain" if arm == "plain" else "sd"
+                entry = totals.setdefault(int(group), {}).setdefault(kind, [0, 0.0])
+                entry[0] += tokens
+                entry[1] += seconds
+    return {
+        str(group): {kind: 1000 * seconds / tokens for kind, (tokens, seconds) in sorted(kinds.items()) if tokens}
+        for group, kinds in sorted(totals.items())
+    }

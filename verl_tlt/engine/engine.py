@@ -21,7 +21,7 @@ import torch
 from verl_tlt.engine.adaptive import AdaptivePolicy
 from verl_tlt.engine.compiled_forward import CompiledForward
 from verl_tlt.engine.cuda_graphs import StepGraphPool, graph_batch_buckets
-from verl_tlt.engine.decode_stats import DecodeStats
+from verl_tlt.engine.decode_stats import DecodeCosts, DecodeStats
 from verl_tlt.engine.drafter import Drafter
 from verl_tlt.engine.kv_cache import SlotKVCache
 from verl_tlt.engine.model import AttentionBatch, CausalLM
@@ -124,6 +124,7 @@ class RolloutEngine:
         # Chooses plain or SD per decode step when generate/step get no explicit strategy (needs a drafter).
         self.policy = policy  # validated by the setter below
         self.stats = DecodeStats()
+        self.decode_costs = DecodeCosts()  # by batch-size group and arm, taken by whoever reports them
         self._params_cache: tuple[tuple[int, ...], LogitsParams, list[Request]] | None = None
 
     @classmethod
@@ -376,6 +377,7 @@ class RolloutEngine:
         if asks_policy:
             self.policy.observe(strategy, batch_size, committed, seconds)
         self.stats.record(strategy, batch_size, committed, seconds, self.policy)
+        self.decode_costs.record("plain" if strategy is None else strategy.name, batch_size, committed, seconds)
 
     def _decode_speculative(self, strategy: SpecStrategy) -> bool:
         """Draft a tree per running row, verify all nodes in one target forward, commit what is accepted.

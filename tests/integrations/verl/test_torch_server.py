@@ -37,6 +37,8 @@ def bare_server(model_path, **torch_kwargs) -> TorchRolloutServer:
     )
     server.trace = RolloutTrace(0)
     server.last_rollout = None
+    server._seeded = 0
+    server._trace_path = None
     server._engine_lock = threading.Lock()
     return server
 
@@ -70,6 +72,7 @@ def test_end_validation_keeps_validation_out_of_the_next_training_record(tiny_qw
     server.trace.on_submit()
     server.trace.on_finish(4, {})
     server.engine.stats.steps_plain = server.engine.stats.tokens_plain = 3
+    server.engine.decode_costs.record("plain", batch_size=2, tokens=2, seconds=0.1)
 
     server.end_validation()
 
@@ -77,8 +80,12 @@ def test_end_validation_keeps_validation_out_of_the_next_training_record(tiny_qw
     (line,) = trace_path.read_text().splitlines()
     record = json.loads(line)
     assert record["validation"] is True and record["response_tokens"] == [4]
+    assert record["decode_costs"] == {"2": {"plain": [2, 0.1, 1]}}  # validation's decoding stays in its own record
     server.trace.on_submit()  # the next training rollout starts a record of its own, numbered 0
-    assert server.trace.close()["rollout_index"] == 0
+    server.engine.decode_costs.record("4_1_4", batch_size=1, tokens=3, seconds=0.2)
+    server.sleep()
+    assert server.last_rollout["rollout_index"] == 0
+    assert server.last_rollout["decode_costs"] == {"1": {"4_1_4": [3, 0.2, 1]}}
 
 
 def test_compile_option_reaches_the_engine(tiny_qwen2):  # noqa: F811

@@ -282,7 +282,11 @@ class TorchRolloutServer:
 
     def sleep(self) -> None:
         # The rollout phase is over when verl sleeps the replicas: close this replica's record of it.
-        record = self.trace.close({"drafter_version": self.drafter_version(), "seeded_requests": self._seeded})
+        with self._engine_lock:
+            costs = self.engine.decode_costs.take()
+        record = self.trace.close(
+            {"drafter_version": self.drafter_version(), "seeded_requests": self._seeded, "decode_costs": costs}
+        )
         self._seeded = 0
         if record is not None:
             self.last_rollout = record
@@ -297,7 +301,9 @@ class TorchRolloutServer:
         rollout's record (its start, extra responses) and count as that step's speculative decoding. The record
         is still written to trace_path, marked as validation.
         """
-        record = self.trace.close({"drafter_version": self.drafter_version()}, validation=True)
+        with self._engine_lock:
+            costs = self.engine.decode_costs.take()
+        record = self.trace.close({"drafter_version": self.drafter_version(), "decode_costs": costs}, validation=True)
         if record is not None and self._trace_path:
             append_jsonl(self._trace_path, record)
         self.sd_stats(reset=True)
