@@ -31,8 +31,8 @@ class RolloutTrace:
         self.start: float | None = None
         self.submit_times: list[float] = []
         self.finish_times: list[float] = []
-        # Seconds the engine spent in its decode steps: against the rollout's wall time, how much of it decoding was
-        # (the rest waits for requests to arrive or for the agent loop to take responses away).
+        # Seconds the engine spent in its steps (prefills and decodes): against the rollout's wall time, how much of
+        # it the engine worked (the rest it waited for requests to arrive).
         self.engine_busy_s = 0.0
         self.response_tokens: list[int] = []
         self.sd_totals = dict.fromkeys(SD_COUNTERS, 0)
