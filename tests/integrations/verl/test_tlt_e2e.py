@@ -120,6 +120,8 @@ def test_greedy_rollouts_are_identical_with_tlt_on_and_off(world, target, tmp_pa
             "tlt/tail/time_to_90pct_s",
             "tlt/tail/response_len_p90",
             "tlt/rollout/time_s",
+            "tlt/rollout/engine_busy_s",
+            "tlt/rollout/last_submit_s",
             "tlt/tail/extension_s",
             "tlt/spot/idle_replica_s",
             "tlt/spot/idle_share_used",
@@ -134,6 +136,9 @@ def test_greedy_rollouts_are_identical_with_tlt_on_and_off(world, target, tmp_pa
         assert tlt["tlt/capture/samples"] > 0
         # The servers' record of a step is that step's rollout alone, not also the validation before it.
         assert tlt["tlt/rollout/time_s"] <= m["timing_s/gen"], f"step {m['step']}: {tlt['tlt/rollout/time_s']}"
+        # The engines worked during the rollout, and no request arrived after the last response finished.
+        assert tlt["tlt/rollout/engine_busy_s"] > 0
+        assert 0 <= tlt["tlt/rollout/last_submit_s"] <= tlt["tlt/rollout/time_s"]
     assert any(k.startswith("val-") for k in on.metrics[1]), "validation did not run after step 2"
     # Captured at step 1, trained while a replica idled in step 2's rollout, pushed after step 2.
     last = tlt_metrics(on.metrics[-1])
