@@ -92,6 +92,8 @@ def test_drafter_group_rejects_values_that_would_fail_later():
         ({"lr": float("inf")}, "tlt.drafter.lr must be finite and > 0"),
         ({"poll_interval_s": float("inf")}, "tlt.drafter.poll_interval_s must be in (0, 60.0]"),
         ({"poll_interval_s": 0}, "tlt.drafter.poll_interval_s must be in (0, 60.0]"),
+        ({"cpu_niceness": -1}, "tlt.drafter.cpu_niceness must be in 0..19 (a process's niceness), got -1"),
+        ({"cpu_niceness": 20}, "tlt.drafter.cpu_niceness must be in 0..19"),
     ]
     for values, message in cases:
         with pytest.raises(ValueError, match=re.escape(message)):

@@ -184,6 +184,14 @@ class DrafterConfig:
             "embedding and LM head once per step."
         },
     )
+    cpu_niceness: int = field(
+        default=10,
+        metadata={
+            "help": "CPU niceness of the drafter workers' processes (0-19, higher yields more): where they share "
+            "cores with the rollout replicas and verl's own processes (a CPU machine), 10 makes their training yield "
+            "to those; lower trains more per idle second at some cost to the replicas still decoding."
+        },
+    )
     poll_interval_s: float = field(
         default=0.02,
         metadata={
@@ -205,6 +213,11 @@ class DrafterConfig:
             raise ValueError(
                 f"{path}.poll_interval_s must be in (0, {MAX_POLL_INTERVAL_S}] seconds, got {self.poll_interval_s}; "
                 f"e.g. {path}.poll_interval_s=0.02"
+            )
+        if not 0 <= self.cpu_niceness <= 19:
+            raise ValueError(
+                f"{path}.cpu_niceness must be in 0..19 (a process's niceness), got {self.cpu_niceness}; e.g. "
+                f"{path}.cpu_niceness=10"
             )
         if not self.init:
             raise ValueError(f"{path}.init must be 'target' or a drafter directory, got an empty string")

@@ -183,3 +183,39 @@ def test_record_dir_saves_each_steps_captures_with_the_weights_its_rollout_used(
 def test_record_dir_without_training_is_refused():
     with pytest.raises(ValueError, match=r"tlt.drafter.train=false captures nothing"):
         TLTConfig.from_dict({"enabled": True, "drafter": {"record_dir": "/tmp/x", "train": False}})
+
+
+def test_drafter_workers_start_beside_their_replicas_with_the_configured_niceness(monkeypatch, tmp_path):
+    started = []
+
+    class FakeActorClass:
+        def options(self, **options):
+            self.options_given = options
+            return self
+
+        def remote(self, *args, **kwargs):
+            started.append((self.options_given, kwargs))
+            return SimpleNamespace(ping=Remote(lambda: True))
+
+    class WorkerRay(FakeRay):
+        @staticmethod
+        def remote(cls):
+            return FakeActorClass()
+
+        @staticmethod
+        def get_runtime_context():
+            return SimpleNamespace(get_node_id=lambda: "a" * 56)  # a node id's length (hex of 28 bytes)
+
+    monkeypatch.setattr(tlt_runtime, "ray", WorkerRay)
+    tlt = TLTConfig.from_dict({"enabled": True, "drafter": {"cpu_niceness": 3}})
+    config = SimpleNamespace(
+        actor_rollout_ref=SimpleNamespace(rollout={}), trainer=SimpleNamespace(default_local_dir=str(tmp_path))
+    )
+    runtime = TLTRuntime(config=config, tlt=tlt)
+    server = SimpleNamespace(__ray_call__=Remote(lambda fn: fn(None)))
+    runtime.servers = [server, server]
+    assert len(runtime._make_workers("target")) == 2
+    assert [kwargs["cpu_niceness"] for _, kwargs in started] == [3, 3]
+    assert [kwargs["rank"] for _, kwargs in started] == [0, 1]
+    assert all(options["num_cpus"] == 0 for options, _ in started)
+    assert started[1][1]["checkpoint_dir"] == str(tmp_path / "tlt_spot" / "worker_1")

@@ -44,8 +44,6 @@ DRAFTER_SYNC_TIMEOUT_S = 300.0
 
 CHECKPOINT_DIR = "tlt_drafter"
 SPOT_CHECKPOINT_DIR = "tlt_spot"
-# Drafter workers run at this CPU niceness (they only ever use cycles the rollout leaves over).
-CPU_NICENESS = 10
 META_FILE = "meta.json"
 
 
@@ -125,7 +123,7 @@ class TLTRuntime:
                     num_threads=threads,
                     seed=seed,
                     fault=fault,
-                    cpu_niceness=CPU_NICENESS,
+                    cpu_niceness=self.tlt.drafter.cpu_niceness,
                     checkpoint_dir=str(self._spot_checkpoint_root() / f"worker_{rank}"),
                 )
             )
