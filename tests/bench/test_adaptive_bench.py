@@ -91,7 +91,15 @@ def test_interleaved_best_takes_turns_keeps_the_fastest_run_and_each_steps_faste
 
         return run
 
-    best = interleaved_best(3, {"a": variant("a"), "b": variant("b")})
+    best, round_seconds = interleaved_best(3, {"a": variant("a"), "b": variant("b")})
     assert order == ["a", "b", "b", "a", "a", "b"]  # round-robin, each round starting one later: drift hits both alike
     assert best["a"] == (1.0, "a-fast", {40: [1.0, 0.5]}, {"n": 2})  # batch 20: not in every run
     assert best["b"][:2] == (3.0, "b1")
+    assert round_seconds == {"a": [2.0, 1.0, 3.0], "b": [3.0, 4.0, 5.0]}  # in round order, whoever went first
+
+
+def test_paired_ratios_compare_the_runs_of_each_round():
+    from verl_tlt.bench.adaptive_bench import paired_ratios
+
+    rounds = {"fixed": [4.0, 6.0, 5.0], "adaptive": [5.0, 5.0, 5.0]}  # a slow second round hits fixed only
+    assert paired_ratios(rounds, "fixed", "adaptive") == [0.8, 1.2, 1.0]

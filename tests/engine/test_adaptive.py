@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from verl_tlt.engine.adaptive import PLAIN, STALE_FACTOR, AdaptiveConfig, AdaptivePolicy
+from verl_tlt.engine.adaptive import MAX_STALE_DOUBLINGS, PLAIN, STALE_FACTOR, AdaptiveConfig, AdaptivePolicy
 
 STRATEGIES = ("8_4_16", "6_4_8", "4_1_4")
 # Synthetic environment: per-request tokens/s of each arm in each bucket (the best arm differs per bucket). Plain
@@ -58,21 +58,40 @@ def test_bandit_converges_to_the_best_arm_of_each_bucket(batch_size, best):
     assert later.count(best) / len(later) >= 0.85
 
 
-def test_bandit_explores_close_arms_and_samples_a_clearly_slower_one_afresh_only_when_stale():
+def test_bandit_explores_close_arms_and_samples_a_clearly_slower_one_afresh_when_stale_backing_off():
     # 4_1_4 is within CONTENDER_MARGIN of the best, 8_4_16 at half its rate is not: epsilon keeps trying the close
-    # arm, while the slow one sits out STALE_FACTOR x window plays of the bucket, then gets min_samples fresh plays.
+    # arm, while the slow one sits out STALE_FACTOR x window plays of the bucket, then gets min_samples fresh plays;
+    # each fresh sample that finds it still behind doubles its next wait (up to 2**MAX_STALE_DOUBLINGS).
     rates = {"6_4_8": 20.0, "4_1_4": 19.0, "8_4_16": 10.0}
-    policy = AdaptivePolicy(config(epsilon=0.2, min_dwell_steps=0, window=8))
-    chosen = play(policy, 5, 400, random.Random(0), noise=0.02, rates=rates)
-    stale_period, fresh = STALE_FACTOR * 8, policy.config.min_samples
-    assert chosen.count("4_1_4") >= 0.2 * 400 / 2 * 0.6  # about half the exploration goes to the close arm
+    policy = AdaptivePolicy(config(epsilon=0.2, min_dwell_steps=0, window=4))
+    chosen = play(policy, 5, 600, random.Random(0), noise=0.02, rates=rates)
+    stale_period, fresh = STALE_FACTOR * 4, policy.config.min_samples
+    assert chosen.count("4_1_4") >= 0.2 * 600 / 2 * 0.6  # about half the exploration goes to the close arm
     # After the first forced plays (3 here: the very first step, the catch-up into SD, is not rewarded):
     slow_steps = [i for i, name in enumerate(chosen) if name == "8_4_16" and i >= 3 * fresh + 1]
     bursts = [slow_steps[k : k + fresh] for k in range(0, len(slow_steps), fresh)]
     assert all(burst == list(range(burst[0], burst[0] + fresh)) for burst in bursts)  # min_samples in a row
     gaps = [b[0] - a[-1] for a, b in zip(bursts, bursts[1:], strict=False)]
-    assert gaps and all(stale_period <= gap <= stale_period + 1 for gap in gaps)  # only when stale, then promptly
-    assert len(bursts) >= (400 - 3 * fresh) // (stale_period + fresh)
+    waits = [stale_period * 2 ** min(k + 1, MAX_STALE_DOUBLINGS) for k in range(len(gaps))]
+    # Only when stale, then promptly: unless another arm's fresh sample came first (one per max(window, 2 x
+    # min_samples) plays).
+    spacing = max(4, 2 * fresh)
+    assert len(gaps) >= 3 and all(wait <= gap <= wait + spacing for gap, wait in zip(gaps, waits, strict=True)), gaps
+
+
+def test_a_stale_arm_that_is_chosen_on_its_rate_starts_its_wait_over():
+    rates = {"6_4_8": 20.0, "4_1_4": 19.0, "8_4_16": 10.0}
+    policy = AdaptivePolicy(config(epsilon=0.1, min_dwell_steps=0, window=4))
+    rng = random.Random(0)
+    play(policy, 5, 300, rng, noise=0.02, rates=rates)  # 8_4_16 sampled afresh and found behind several times
+    assert policy.arms[4]["8_4_16"].stale_doublings == MAX_STALE_DOUBLINGS
+    play(policy, 5, 300, rng, noise=0.02, rates={**rates, "8_4_16": 30.0})  # the drafter got better at it
+    assert policy.arms[4]["8_4_16"].stale_doublings == 0 and policy.best_arm(4) == "8_4_16"
+    later = play(policy, 5, 200, rng, noise=0.02, rates=rates)  # and worse again: back to the first wait
+    assert policy.best_arm(4) == "6_4_8" and policy.arms[4]["8_4_16"].stale_doublings >= 1
+    slow = [i for i, name in enumerate(later) if name == "8_4_16"]
+    first_gap = next(j - i for i, j in zip(slow, slow[1:], strict=False) if j - i > 1)
+    assert STALE_FACTOR * 4 <= first_gap <= STALE_FACTOR * 4 + 4  # the first wait, not the doubled ones
 
 
 def test_a_slower_arm_that_improves_is_taken_up_soon_after_its_fresh_samples():
@@ -251,3 +270,30 @@ def test_engine_with_policy_speculates_only_in_the_tail_and_stays_exact(varied_q
     assert set(stats["strategy_histogram"]["above_threshold"]) == {"plain"}  # 12 running > threshold 4
     assert 0 < stats["sd_token_share"] < 1
     assert sum(arm["plays"] for arm in policy.state()["buckets"][4].values()) > 0
+
+
+def test_first_plays_skip_arms_the_nearest_ranked_bucket_finds_clearly_behind_until_they_are_stale():
+    # Bucket 4 has ranked 8_4_16 at half the best rate; bucket 1 then skips its first plays of it (a few slow steps
+    # saved in a bucket the tail rarely visits) but still tries the close arms. Here 8_4_16 is in fact best at batch
+    # 1: the skipped arm is sampled once it has sat out STALE_FACTOR x window plays of bucket 1, and taken up.
+    policy = AdaptivePolicy(config(epsilon=0.1, min_dwell_steps=0, window=8))
+    rng = random.Random(0)
+    play(policy, 5, 40, rng, noise=0.02, rates={"8_4_16": 10.0, "6_4_8": 20.0, "4_1_4": 18.0})
+    assert policy.arms[4]["8_4_16"].rate() < 0.8 * policy.arms[4]["6_4_8"].rate()
+    chosen = play(policy, 1, 200, rng, noise=0.02, rates={"8_4_16": 30.0, "6_4_8": 20.0, "4_1_4": 17.0})
+    stale_period = STALE_FACTOR * 8
+    first = chosen.index("8_4_16")
+    assert {"6_4_8", "4_1_4"} <= set(chosen[:first]) and stale_period <= first <= stale_period + 8
+    assert chosen[first + 20 :].count("8_4_16") / len(chosen[first + 20 :]) >= 0.85
+
+
+def test_a_bucket_that_has_not_tried_its_arms_yet_is_no_neighbour_to_skip_by():
+    # Bucket 4 has played two of its three arms (8_4_16 far behind 6_4_8) and not yet 4_1_4: bucket 1 must not skip
+    # arms on such partial evidence.
+    policy = AdaptivePolicy(config(epsilon=0.0, min_dwell_steps=0))
+    rng = random.Random(0)
+    play(policy, 5, 5, rng, noise=0.0, rates={"8_4_16": 5.0, "6_4_8": 20.0, "4_1_4": 20.0})
+    arms = policy.arms[4]
+    assert arms["8_4_16"].plays == arms["6_4_8"].plays == policy.config.min_samples and arms["4_1_4"].plays == 0
+    chosen = play(policy, 1, 3 * policy.config.min_samples, rng, noise=0.0, rates=TRUE_RATES[1])
+    assert sorted(set(chosen)) == sorted(STRATEGIES)

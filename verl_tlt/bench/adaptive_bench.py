@@ -21,6 +21,7 @@ same comparison for each fixed strategy, which decodes plainly there too, with a
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -90,11 +91,13 @@ def timed_run(engine: RolloutEngine, prompts, params, policy) -> tuple[float, li
         del engine._decode_step
 
 
-def interleaved_best(repeats: int, variants: dict[str, Callable[[], tuple]]) -> dict[str, tuple]:
+def interleaved_best(
+    repeats: int, variants: dict[str, Callable[[], tuple]]
+) -> tuple[dict[str, tuple], dict[str, list[float]]]:
     """Each variant's fastest of `repeats` timed runs, taken round-robin (one run of every variant per round, each
     round starting one variant later) so that slow drift of a shared machine, and whatever a run leaves behind for
     the next, fall on all variants alike; a variant's step times become each step's fastest over its runs
-    (`fastest_steps`)."""
+    (`fastest_steps`). Also returns each variant's seconds per round, in round order (for `paired_ratios`)."""
     results: dict[str, list[tuple]] = {name: [] for name in variants}
     names = list(variants)
     for round_index in range(repeats):
@@ -105,7 +108,14 @@ def interleaved_best(repeats: int, variants: dict[str, Callable[[], tuple]]) -> 
     for name, runs in results.items():
         seconds, outputs, _, stats = min(runs, key=lambda r: r[0])
         best[name] = (seconds, outputs, fastest_steps([steps for _, _, steps, _ in runs]), stats)
-    return best
+    return best, {name: [run[0] for run in runs] for name, runs in results.items()}
+
+
+def paired_ratios(round_seconds: dict[str, list[float]], reference: str, variant: str) -> list[float]:
+    """reference / variant seconds within each round. The runs of one round are minutes apart at most, so the
+    machine's slow drift mostly cancels in each ratio, unlike in a ratio of the two best runs, which may come from
+    different rounds (and the luckiest of a few runs is itself a noisy number)."""
+    return [round(ref / var, 3) for ref, var in zip(round_seconds[reference], round_seconds[variant], strict=True)]
 
 
 def fastest_steps(runs: list[dict[int, list[float]]]) -> dict[int, list[float]]:
@@ -211,7 +221,7 @@ def run(
         fixed = FixedBelowThreshold(strategy, config.threshold)
         variants[strategy] = lambda fixed=fixed: timed_run(engine, prompts, params, fixed)
     variants["adaptive_cold"], variants["adaptive"] = cold_run, warm_run
-    best = interleaved_best(repeats, variants)
+    best, round_seconds = interleaved_best(repeats, variants)
 
     plain_s, reference, plain_steps, _ = best["plain"]
     tokens = sum(len(o.token_ids) for o in reference)
@@ -229,6 +239,7 @@ def run(
     cold_s = best["adaptive_cold"][0]
     adaptive_s, _, adaptive_steps, adaptive_stats = best["adaptive"]
     best_fixed = min(config.strategies, key=lambda s: runs[s]["seconds"])
+    by_round = paired_ratios(round_seconds, best_fixed, "adaptive")
     above_s = sum(sum(times) for batch_size, times in adaptive_steps.items() if batch_size > config.threshold)
     # The negative control: above the threshold a fixed strategy decodes plainly like the plain run, plus a trivial
     # policy's calls, so how far its group ratios stray from 1.0 is about what this machine's noise does to the
@@ -257,6 +268,8 @@ def run(
         "runs": runs,
         "best_fixed_strategy": best_fixed,
         "adaptive_vs_best_fixed": round(runs[best_fixed]["seconds"] / adaptive_s, 3),
+        "adaptive_vs_best_fixed_by_round": by_round,
+        "adaptive_vs_best_fixed_median_round": statistics.median(by_round),
         "adaptive_vs_plain": round(plain_s / adaptive_s, 3),
         "adaptive_cold_vs_plain": round(plain_s / cold_s, 3),
         "worst_above_threshold_vs_plain": worst_above_threshold_ratio(plain_steps, adaptive_steps, config.threshold),
@@ -270,7 +283,8 @@ def run(
     print(
         f"{'adaptive':>10}: {tokens / adaptive_s:8.1f} tok/s warm ({tokens / cold_s:.1f} cold), "
         f"{result['adaptive_vs_plain']:.2f}x plain, "
-        f"{result['adaptive_vs_best_fixed']:.2f}x best fixed ({best_fixed}); above the threshold adaptive steps "
+        f"{result['adaptive_vs_best_fixed']:.2f}x best fixed ({best_fixed}; per round {by_round}, median "
+        f"{result['adaptive_vs_best_fixed_median_round']}); above the threshold adaptive steps "
         f"run at {result['worst_above_threshold_vs_plain']}x plain speed (worst batch size), of which the policy's "
         f"own calls take {policy_share} (fixed strategies, which decode plainly there too: "
         f"{min(control_ratios, default=None)}-{max(control_ratios, default=None)}x); outputs identical: {identical}",

@@ -36,6 +36,7 @@ everything the policy believes.
 
 from __future__ import annotations
 
+import math
 import random
 from collections import deque
 from dataclasses import dataclass, field
@@ -52,6 +53,13 @@ TRIM_SHARE = 0.1
 # margins of 0.1-0.25 and factors of 4-8 did about equally well, and a factor of 1 lost what the margin won.
 CONTENDER_MARGIN = 0.1
 STALE_FACTOR = 4
+# An arm's first plays in a bucket are skipped when the nearest bucket that ranked it puts it more than this far
+# behind its best there (wider than CONTENDER_MARGIN: neighbouring batch sizes rank close arms differently).
+NEIGHBOUR_MARGIN = 0.2
+# Each fresh sample that finds a stale arm still behind doubles its next wait, up to 2**MAX_STALE_DOUBLINGS x
+# STALE_FACTOR x window plays: in a long RL run an arm that never pays (a tree on a CPU) stops costing a few slow
+# steps every few windows, while one that catches up is taken again and its wait starts over.
+MAX_STALE_DOUBLINGS = 2
 # Speculative steps of a probe from plain mode: the first pays the drafter catch-up (not rewarded), the second is
 # measured.
 PROBE_SD_STEPS = 2
@@ -66,6 +74,7 @@ class _Arm:
     steps: deque = field(default_factory=deque)  # (committed tokens, seconds, batch size) of the latest steps
     plays: int = 0  # rewarded steps since the arm's steps were last dropped (`forget`)
     last_play: int = 0  # the bucket's play count when this arm was last played
+    stale_doublings: int = 0  # fresh samples since the bandit last chose this arm on its rate: its wait doubles each
     _rate: float | None = None  # cached rate(), dropped by record()
 
     def record(self, committed_tokens: int, seconds: float, batch_size: int, bucket_plays: int) -> None:
@@ -177,7 +186,12 @@ class AdaptivePolicy:
             "last_refresh": dict(self.last_refresh),
             "buckets": {
                 lower: {
-                    name: {"plays": arm.plays, "last_play": arm.last_play, "rate": arm.rate() if arm.steps else None}
+                    name: {
+                        "plays": arm.plays,
+                        "last_play": arm.last_play,
+                        "stale_doublings": arm.stale_doublings,
+                        "rate": arm.rate() if arm.steps else None,
+                    }
                     for name, arm in arms.items()
                 }
                 for lower, arms in self.arms.items()
@@ -196,7 +210,7 @@ class AdaptivePolicy:
             if name in arms:
                 return name, True
         for name, arm in arms.items():
-            if arm.plays < self.config.min_samples:
+            if arm.plays < self.config.min_samples and not self._clearly_behind_nearby(bucket, name):
                 return name, False
         draw = self.rng.random()
         other = [name for name in arms if (name == PLAIN) != (self.mode == PLAIN)]
@@ -212,23 +226,65 @@ class AdaptivePolicy:
             stale = self._stale_arm(bucket, same)
             if stale is not None:  # sampled afresh: its old steps go, and it gets min_samples plays from now
                 arms[stale].forget()
+                arms[stale].stale_doublings = min(arms[stale].stale_doublings + 1, MAX_STALE_DOUBLINGS)
                 self.last_refresh[bucket] = self.bucket_plays[bucket]
                 return stale, False
             if draw < self.config.probe_rate + self.config.epsilon:
                 best_rate = max(arms[name].rate() for name in same)
                 contenders = [name for name in same if arms[name].rate() >= (1 - CONTENDER_MARGIN) * best_rate]
-                return self.rng.choice(contenders), False
-        return self.best_arm(bucket), False
+                return self._on_merit(arms, self.rng.choice(contenders)), False
+        return self._on_merit(arms, self.best_arm(bucket)), False
+
+    @staticmethod
+    def _on_merit(arms: dict[str, _Arm], name: str) -> str:
+        """An arm chosen for its rate (best, or an epsilon contender): if it was being sampled afresh it has caught
+        up, so its next stale wait starts over."""
+        arms[name].stale_doublings = 0
+        return name
+
+    def _clearly_behind_nearby(self, bucket: int, name: str) -> bool:
+        """Whether the nearest other bucket that has ranked `name` (min_samples plays of it, and as many steps as
+        the first plays of all its arms, so that it has seen more than one or two of them) puts it more than
+        NEIGHBOUR_MARGIN behind its best ranked arm there. Buckets the rollout rarely visits (the few steps between
+        the threshold and the tail, the last requests) would otherwise spend their few steps for rollouts on
+        clearly slower arms; the speedup of a strategy changes smoothly with the batch size, so a neighbour's
+        verdict is a safe reason to skip the first plays. An arm being sampled afresh (stale) is not skipped: that
+        check is of its own bucket."""
+        if self.arms[bucket][name].stale_doublings:
+            return False
+        min_samples = self.config.min_samples
+        ranked = [  # buckets past their first plays (as many rewarded steps as all their arms' first plays)
+            lower
+            for lower, arms in self.arms.items()
+            if lower != bucket
+            and name in arms
+            and arms[name].plays >= min_samples
+            and self.bucket_plays[lower] >= min_samples * len(arms)
+        ]
+        if not ranked:
+            return False
+        nearest = min(ranked, key=lambda lower: (abs(math.log2(lower / bucket)), lower))
+        arms = self.arms[nearest]
+        best = max(arm.rate() for arm in arms.values() if arm.plays >= min_samples)
+        return arms[name].rate() < (1 - NEIGHBOUR_MARGIN) * best
 
     def _stale_arm(self, bucket: int, names: list[str]) -> str | None:
-        """An arm of `names` that has sat out STALE_FACTOR x window plays of the bucket, if one is due: at most one
-        per max(window, 2 x min_samples) plays of the bucket, so that stale arms (each then played min_samples
-        times) take at most half of a bucket's steps however small the window and many the arms."""
+        """An arm of `names` that has sat out its wait (STALE_FACTOR x window plays of the bucket, doubled for each
+        fresh sample since the bandit last chose it on its rate), if one is due: at most one per max(window, 2 x
+        min_samples) plays of the bucket, so that stale arms (each then played min_samples times) take at most half
+        of a bucket's steps however small the window and many the arms."""
         plays, window = self.bucket_plays[bucket], self.config.window
         if plays - self.last_refresh[bucket] < max(window, 2 * self.config.min_samples):
             return None
         arms = self.arms[bucket]
-        return next((name for name in names if plays - arms[name].last_play >= STALE_FACTOR * window), None)
+        return next(
+            (
+                name
+                for name in names
+                if plays - arms[name].last_play >= STALE_FACTOR * window * 2 ** arms[name].stale_doublings
+            ),
+            None,
+        )
 
     def _apply_hysteresis(self, bucket: int | None, choice: str) -> str:
         wants = PLAIN if choice == PLAIN else "sd"
