@@ -272,7 +272,7 @@ def test_engine_with_policy_speculates_only_in_the_tail_and_stays_exact(varied_q
     assert sum(arm["plays"] for arm in policy.state()["buckets"][4].values()) > 0
 
 
-def test_first_plays_skip_arms_the_nearest_ranked_bucket_finds_clearly_behind_until_they_are_stale():
+def test_first_plays_skip_arms_the_ranked_buckets_find_clearly_behind_until_they_are_stale():
     # Bucket 4 has ranked 8_4_16 at half the best rate; bucket 1 then skips its first plays of it (a few slow steps
     # saved in a bucket the tail rarely visits) but still tries the close arms. Here 8_4_16 is in fact best at batch
     # 1: the skipped arm is sampled once it has sat out STALE_FACTOR x window plays of bucket 1, and taken up.
@@ -297,3 +297,14 @@ def test_a_bucket_that_has_not_tried_its_arms_yet_is_no_neighbour_to_skip_by():
     assert arms["8_4_16"].plays == arms["6_4_8"].plays == policy.config.min_samples and arms["4_1_4"].plays == 0
     chosen = play(policy, 1, 3 * policy.config.min_samples, rng, noise=0.0, rates=TRUE_RATES[1])
     assert sorted(set(chosen)) == sorted(STRATEGIES)
+
+
+def test_an_arm_is_skipped_only_if_every_ranked_bucket_finds_it_clearly_behind():
+    # Bucket 16 finds 8_4_16 far behind, bucket 4 finds it close to the best: bucket 1 still gives it its first plays.
+    policy = AdaptivePolicy(config(epsilon=0.1, min_dwell_steps=0, window=8))
+    rng = random.Random(0)
+    play(policy, 20, 40, rng, noise=0.02, rates={"8_4_16": 5.0, "6_4_8": 20.0, "4_1_4": 18.0, PLAIN: 4.0})
+    play(policy, 5, 40, rng, noise=0.02, rates={"8_4_16": 19.0, "6_4_8": 20.0, "4_1_4": 18.0})
+    assert policy.arms[16]["8_4_16"].rate() < 0.5 * policy.arms[16]["6_4_8"].rate()
+    chosen = play(policy, 1, 10, rng, noise=0.02, rates=TRUE_RATES[1])
+    assert "8_4_16" in chosen[:8]

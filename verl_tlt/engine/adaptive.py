@@ -17,7 +17,13 @@ Contenders are the arms within CONTENDER_MARGIN of the best rate: exploring an a
 strategy where verifying is expensive) costs a slow step and teaches little. Such an arm is not written off: once
 it has sat out STALE_FACTOR x `window` plays of its bucket, its old steps are dropped and it is sampled afresh
 (`min_samples` plays; at most one such arm per `window` plays of the bucket, and never more than half of them),
-so that a drafter or target that changes (as in RL) can bring it back.
+so that a drafter or target that changes (as in RL) can bring it back. Each fresh sample that finds it still
+behind doubles its next wait (up to 2**MAX_STALE_DOUBLINGS times), and the wait starts over once the bandit picks
+it on its rate again: over a long RL run an arm that never pays stops costing slow steps every few windows.
+The first plays can be skipped too: most buckets see few steps per rollout (the batch passes through the sizes
+between the threshold and the tail quickly), and playing every arm there twice would take rollouts of slow steps.
+So an arm that every other bucket which has ranked it (past its own first plays) finds more than NEIGHBOUR_MARGIN
+behind its best is not played first in a new bucket; it waits to be stale like any clearly slower arm.
 Crossing between plain and SD is not free: the first speculative step after plain ones must catch the drafter up
 on every token decoded plainly, and with a drafter that does not pay, each SD step costs several plain ones. So the
 other mode is explored only by rare probes (`probe_rate` per step): one plain step, or PROBE_SD_STEPS speculative
@@ -36,7 +42,6 @@ everything the policy believes.
 
 from __future__ import annotations
 
-import math
 import random
 from collections import deque
 from dataclasses import dataclass, field
@@ -53,8 +58,8 @@ TRIM_SHARE = 0.1
 # margins of 0.1-0.25 and factors of 4-8 did about equally well, and a factor of 1 lost what the margin won.
 CONTENDER_MARGIN = 0.1
 STALE_FACTOR = 4
-# An arm's first plays in a bucket are skipped when the nearest bucket that ranked it puts it more than this far
-# behind its best there (wider than CONTENDER_MARGIN: neighbouring batch sizes rank close arms differently).
+# An arm's first plays in a bucket are skipped when every bucket that ranked it puts it more than this far behind its
+# best there (wider than CONTENDER_MARGIN: other batch sizes rank close arms differently).
 NEIGHBOUR_MARGIN = 0.2
 # Each fresh sample that finds a stale arm still behind doubles its next wait, up to 2**MAX_STALE_DOUBLINGS x
 # STALE_FACTOR x window plays: in a long RL run an arm that never pays (a tree on a CPU) stops costing a few slow
@@ -210,7 +215,7 @@ class AdaptivePolicy:
             if name in arms:
                 return name, True
         for name, arm in arms.items():
-            if arm.plays < self.config.min_samples and not self._clearly_behind_nearby(bucket, name):
+            if arm.plays < self.config.min_samples and not self._clearly_behind_elsewhere(bucket, name):
                 return name, False
         draw = self.rng.random()
         other = [name for name in arms if (name == PLAIN) != (self.mode == PLAIN)]
@@ -242,31 +247,26 @@ class AdaptivePolicy:
         arms[name].stale_doublings = 0
         return name
 
-    def _clearly_behind_nearby(self, bucket: int, name: str) -> bool:
-        """Whether the nearest other bucket that has ranked `name` (min_samples plays of it, and as many steps as
-        the first plays of all its arms, so that it has seen more than one or two of them) puts it more than
-        NEIGHBOUR_MARGIN behind its best ranked arm there. Buckets the rollout rarely visits (the few steps between
-        the threshold and the tail, the last requests) would otherwise spend their few steps for rollouts on
-        clearly slower arms; the speedup of a strategy changes smoothly with the batch size, so a neighbour's
-        verdict is a safe reason to skip the first plays. An arm being sampled afresh (stale) is not skipped: that
-        check is of its own bucket."""
+    def _clearly_behind_elsewhere(self, bucket: int, name: str) -> bool:
+        """Whether every other bucket that has ranked `name` (min_samples plays of it, and as many steps as the
+        first plays of all its arms, so it has seen more than one or two of them) puts it more than
+        NEIGHBOUR_MARGIN behind its best ranked arm there; False when none has. Buckets the rollout rarely visits
+        (the few steps between the threshold and the tail, the last requests) would otherwise spend their few steps
+        for rollouts on clearly slower arms. Every ranking bucket must agree, not just the nearest: a ranking rests
+        on a few noisy steps per arm, and skipping an arm that is in fact best costs a bucket the wait until it is
+        stale, while a close arm (a chain beside another chain) does not fall behind everywhere by chance. An arm
+        being sampled afresh (stale) is not skipped: that check is of its own bucket."""
         if self.arms[bucket][name].stale_doublings:
             return False
-        min_samples = self.config.min_samples
-        ranked = [  # buckets past their first plays (as many rewarded steps as all their arms' first plays)
-            lower
-            for lower, arms in self.arms.items()
-            if lower != bucket
-            and name in arms
-            and arms[name].plays >= min_samples
-            and self.bucket_plays[lower] >= min_samples * len(arms)
-        ]
-        if not ranked:
-            return False
-        nearest = min(ranked, key=lambda lower: (abs(math.log2(lower / bucket)), lower))
-        arms = self.arms[nearest]
-        best = max(arm.rate() for arm in arms.values() if arm.plays >= min_samples)
-        return arms[name].rate() < (1 - NEIGHBOUR_MARGIN) * best
+        min_samples, verdicts = self.config.min_samples, []
+        for lower, arms in self.arms.items():
+            if lower == bucket or name not in arms or arms[name].plays < min_samples:
+                continue
+            if self.bucket_plays[lower] < min_samples * len(arms):  # still in its own first plays
+                continue
+            best = max(arm.rate() for arm in arms.values() if arm.plays >= min_samples)
+            verdicts.append(arms[name].rate() < (1 - NEIGHBOUR_MARGIN) * best)
+        return bool(verdicts) and all(verdicts)
 
     def _stale_arm(self, bucket: int, names: list[str]) -> str | None:
         """An arm of `names` that has sat out its wait (STALE_FACTOR x window plays of the bucket, doubled for each
