@@ -69,8 +69,8 @@ class SpeculativeConfig:
         metadata={
             "help": "Exploration rate of the epsilon-greedy bandits among the arms of the current mode (the SD "
             "strategies while speculating; switching between them is free) whose rate is within 10% of the best; "
-            "an arm further behind is replayed only after sitting out 4 windows of its bucket's steps (a wait that doubles, "
-            "up to 4x, while it stays behind)."
+            "an arm further behind is replayed only after sitting out 4 windows of its bucket's steps (a wait that "
+            "doubles, up to 4x, while it stays behind)."
         },
     )
     probe_rate: float = field(

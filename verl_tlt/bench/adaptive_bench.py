@@ -1,20 +1,24 @@
 """`verl-tlt bench adaptive`: the adaptive policy against plain decoding and every fixed strategy, on a replayed
 long-tail rollout.
 
-All N fresh toy prompts start together on the trained toy target (with its warmed-up drafter), as in one RL
-rollout: the batch shrinks as short answers finish and a few long ones decode alone at the end. The default token
-cap, 1024, is above the toy world's longest solution (937 tokens), so it cuts only answers that loop. Decoding is
-greedy, so every run produces the same tokens (checked) and the runs differ only in time. Runs: plain; for each
-candidate strategy, that strategy at every decode step with at most `threshold` running requests (plain above,
-like the policy); and the adaptive policy (`tlt.speculative` defaults unless overridden). In RL the policy lives as
-long as the engine and keeps learning across rollouts, so the headline adaptive run uses a policy that has already
-seen one rollout ("warm"); the first rollout of a fresh policy is reported too ("cold"). Each run is timed best of
-`repeats`, the variants taking turns. Above the threshold adaptive and plain decode the same batches plainly, step
-for step, and the policy's bookkeeping is the only difference; there each decode step's fastest time over the
+All N fresh toy prompts start together on the trained toy target (with its warmed-up drafter), as in one RL rollout:
+the batch shrinks as short answers finish and a few long ones decode alone at the end. The default token cap, 1024,
+is above the toy world's longest solution (937 tokens), so it cuts only answers that loop. Decoding is greedy, so
+every run produces the same tokens (checked) and the runs differ only in time. Runs: plain; for each candidate
+strategy, that strategy at every decode step with at most `threshold` running requests (plain above, like the
+policy); and the adaptive policy (`tlt.speculative` defaults unless overridden). In RL the policy lives as long as
+the engine and keeps learning across rollouts, so the headline adaptive run uses a policy that has already seen one
+rollout ("warm"); the first rollout of a fresh policy is reported too ("cold"). Each run is timed best of `repeats`,
+the variants taking turns. The runs of one round are close in time, so the best fixed strategy's time over
+adaptive's within each round (`adaptive_vs_best_fixed_by_round`, and its median) cancels this shared machine's slow
+drift, which a ratio of two best runs (from different rounds, each the luckiest of a few) does not; plain is run
+twice per round as the control (`plain_vs_plain_by_round`: how far the same work strays between two runs of a round,
+i.e. what a per-round ratio can resolve). Above the threshold adaptive and plain decode the same batches plainly,
+step for step, and the policy's bookkeeping is the only difference; there each decode step's fastest time over the
 repeats is compared (step k of a batch size in one run does the same work as step k in another), grouped by batch
-size (powers of two). On a shared machine that comparison is noisy, so two more numbers frame it: the share of
-that time spent in the policy's own calls (`policy_share_above_threshold`, what the policy can cost there), and the
-same comparison for each fixed strategy, which decodes plainly there too, with a trivial policy
+size (powers of two). On a shared machine that comparison is noisy, so two more numbers frame it: the share of that
+time spent in the policy's own calls (`policy_share_above_threshold`, what the policy can cost there), and the same
+comparison for each fixed strategy, which decodes plainly there too, with a trivial policy
 (`fixed_vs_plain_above_threshold`: about the noise alone). Ratios from one run of the command.
 """
 
@@ -36,6 +40,7 @@ from verl_tlt.engine.adaptive import AdaptivePolicy
 from verl_tlt.engine.decode_stats import DecodeStats
 
 PROBLEM_SEED = 31337
+PLAIN_AGAIN = "plain_again"
 
 
 class _PolicyClock:
@@ -220,6 +225,9 @@ def run(
     for strategy in config.strategies:
         fixed = FixedBelowThreshold(strategy, config.threshold)
         variants[strategy] = lambda fixed=fixed: timed_run(engine, prompts, params, fixed)
+    # The negative control of the per-round ratios: the same plain run again, so its ratio to "plain" in each round
+    # is the machine's noise alone. Placed mid-round, as far from "plain" as a fixed strategy is from adaptive.
+    variants[PLAIN_AGAIN] = variants["plain"]
     variants["adaptive_cold"], variants["adaptive"] = cold_run, warm_run
     best, round_seconds = interleaved_best(repeats, variants)
 
@@ -240,6 +248,7 @@ def run(
     adaptive_s, _, adaptive_steps, adaptive_stats = best["adaptive"]
     best_fixed = min(config.strategies, key=lambda s: runs[s]["seconds"])
     by_round = paired_ratios(round_seconds, best_fixed, "adaptive")
+    noise_by_round = paired_ratios(round_seconds, "plain", PLAIN_AGAIN)
     above_s = sum(sum(times) for batch_size, times in adaptive_steps.items() if batch_size > config.threshold)
     # The negative control: above the threshold a fixed strategy decodes plainly like the plain run, plus a trivial
     # policy's calls, so how far its group ratios stray from 1.0 is about what this machine's noise does to the
@@ -270,6 +279,7 @@ def run(
         "adaptive_vs_best_fixed": round(runs[best_fixed]["seconds"] / adaptive_s, 3),
         "adaptive_vs_best_fixed_by_round": by_round,
         "adaptive_vs_best_fixed_median_round": statistics.median(by_round),
+        "plain_vs_plain_by_round": noise_by_round,
         "adaptive_vs_plain": round(plain_s / adaptive_s, 3),
         "adaptive_cold_vs_plain": round(plain_s / cold_s, 3),
         "worst_above_threshold_vs_plain": worst_above_threshold_ratio(plain_steps, adaptive_steps, config.threshold),
@@ -284,7 +294,8 @@ def run(
         f"{'adaptive':>10}: {tokens / adaptive_s:8.1f} tok/s warm ({tokens / cold_s:.1f} cold), "
         f"{result['adaptive_vs_plain']:.2f}x plain, "
         f"{result['adaptive_vs_best_fixed']:.2f}x best fixed ({best_fixed}; per round {by_round}, median "
-        f"{result['adaptive_vs_best_fixed_median_round']}); above the threshold adaptive steps "
+        f"{result['adaptive_vs_best_fixed_median_round']}; plain against itself per round, the noise: "
+        f"{noise_by_round}); above the threshold adaptive steps "
         f"run at {result['worst_above_threshold_vs_plain']}x plain speed (worst batch size), of which the policy's "
         f"own calls take {policy_share} (fixed strategies, which decode plainly there too: "
         f"{min(control_ratios, default=None)}-{max(control_ratios, default=None)}x); outputs identical: {identical}",
