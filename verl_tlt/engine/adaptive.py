@@ -88,6 +88,11 @@ class _Arm:
         self.last_play = bucket_plays
         self._rate = None
 
+    def stale_wait(self, window: int) -> int:
+        """Plays of its bucket this arm sits out before it is sampled afresh: STALE_FACTOR windows, doubled for each
+        fresh sample since the bandit last chose it on its rate."""
+        return STALE_FACTOR * window * 2**self.stale_doublings
+
     def forget(self) -> None:
         """Drop the arm's steps: it is sampled afresh (its rate is -inf until its next step)."""
         self.steps.clear()
@@ -269,22 +274,14 @@ class AdaptivePolicy:
         return bool(verdicts) and all(verdicts)
 
     def _stale_arm(self, bucket: int, names: list[str]) -> str | None:
-        """An arm of `names` that has sat out its wait (STALE_FACTOR x window plays of the bucket, doubled for each
-        fresh sample since the bandit last chose it on its rate), if one is due: at most one per max(window, 2 x
-        min_samples) plays of the bucket, so that stale arms (each then played min_samples times) take at most half
-        of a bucket's steps however small the window and many the arms."""
+        """An arm of `names` that has sat out its wait (`_Arm.stale_wait`), if one is due: at most one per
+        max(window, 2 x min_samples) plays of the bucket, so that stale arms (each then played min_samples times)
+        take at most half of a bucket's steps however small the window and many the arms."""
         plays, window = self.bucket_plays[bucket], self.config.window
         if plays - self.last_refresh[bucket] < max(window, 2 * self.config.min_samples):
             return None
         arms = self.arms[bucket]
-        return next(
-            (
-                name
-                for name in names
-                if plays - arms[name].last_play >= STALE_FACTOR * window * 2 ** arms[name].stale_doublings
-            ),
-            None,
-        )
+        return next((name for name in names if plays - arms[name].last_play >= arms[name].stale_wait(window)), None)
 
     def _apply_hysteresis(self, bucket: int | None, choice: str) -> str:
         wants = PLAIN if choice == PLAIN else "sd"
