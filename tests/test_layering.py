@@ -1,38 +1,177 @@
-"""The lower layers (spec, engine, drafter) never import verl, ray or vLLM (DESIGN.md section 2)."""
+"""Imports point one way: each part of `verl_tlt` imports only from the layers below it.
+
+The layers, bottom to top, are the architecture: pure math and plain config at the bottom, the torch model code
+that both the engine and the drafter build on, the drafter, the engine, the framework glue, then the tools and
+entry points built on all of them. The lower layers also never import verl, ray or vLLM, so that they run (and
+can move upstream) without any of them.
+
+Both checks read every module of the package, lazy imports inside functions included, and fail, never skip, when
+a module belongs to no layer or a layer named here has disappeared.
+"""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-FORBIDDEN = ("verl", "ray", "vllm", "sglang")
-PURE_PACKAGES = ("verl_tlt.spec", "verl_tlt.engine", "verl_tlt.drafter", "verl_tlt.metrics")
+import pytest
 
-# Imports every module of the pure packages in one fresh interpreter, noting forbidden modules after each.
+PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "verl_tlt"
+
+# Bottom to top. A unit is a top-level module or sub-package of verl_tlt (`integrations.<framework>` for glue).
+# A module may import its own unit and the units of lower layers; units of one layer do not import each other.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("spec", "files", "progress"),
+    ("config", "metrics"),
+    ("modeling",),
+    ("drafter",),
+    ("engine",),
+    ("integrations.verl", "integrations.vllm"),
+    ("warmup",),
+    ("toy",),
+    ("quickstart", "sim"),
+    ("bench",),
+    ("cli", "main_ppo", "hydra_conf"),
+)
+# Units that must exist (a renamed or deleted layer must be renamed here too, not silently drop out of the check).
+REQUIRED_UNITS = ("spec", "config", "modeling", "drafter", "engine", "integrations.verl", "cli", "main_ppo")
+
+FRAMEWORKS = ("verl", "ray", "vllm", "sglang")
+FRAMEWORK_FREE = ("verl_tlt.spec", "verl_tlt.config", "verl_tlt.modeling", "verl_tlt.drafter", "verl_tlt.engine")
+
+
+def unit_of(module: str) -> str | None:
+    """`verl_tlt.engine.engine` -> `engine`; `verl_tlt.integrations.verl.plugin` -> `integrations.verl`."""
+    parts = module.split(".")
+    if parts[0] != "verl_tlt" or len(parts) < 2:
+        return None
+    if parts[1] == "integrations":  # the namespace itself belongs to no layer; each framework's glue does
+        return f"integrations.{parts[2]}" if len(parts) > 2 else None
+    return parts[1]
+
+
+def layer_index(unit: str) -> int | None:
+    return next((i for i, layer in enumerate(LAYERS) if unit in layer), None)
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_modules(path: Path, module: str) -> list[tuple[int, str]]:
+    """(line, absolute module) for every import in the file, including those inside functions."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against the importing package
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            found.append((node.lineno, base))
+            # `from verl_tlt import toy` imports the unit `toy`, not the package root
+            if base == "verl_tlt":
+                found += [(node.lineno, f"verl_tlt.{alias.name}") for alias in node.names]
+    return found
+
+
+def layer_violations(root: Path = PACKAGE_ROOT) -> list[str]:
+    """Every import of a higher layer or of a sibling unit in the same layer, and every module of no layer."""
+    problems = []
+    for path in sorted(root.rglob("*.py")):
+        module = module_name(path, root)
+        unit = unit_of(module)
+        if unit is None:  # the package's own __init__
+            continue
+        own = layer_index(unit)
+        if own is None:
+            problems.append(f"{module}: unit '{unit}' is in no layer of tests/test_layering.py LAYERS; place it there")
+            continue
+        for line, imported in imported_modules(path, module):
+            target = unit_of(imported)
+            if target is None or target == unit:
+                continue
+            theirs = layer_index(target)
+            if theirs is None or theirs > own or (theirs == own and target != unit):
+                where = "in no layer" if theirs is None else f"layer {theirs}"
+                problems.append(f"{module}:{line} (layer {own}, {unit}) imports {imported} ({where}, {target})")
+    return problems
+
+
+def test_every_import_points_down_the_layers():
+    problems = layer_violations()
+    assert not problems, "imports that point up or sideways:\n" + "\n".join(problems)
+
+
+def test_every_required_layer_exists():
+    units = {unit_of(module_name(p, PACKAGE_ROOT)) for p in PACKAGE_ROOT.rglob("*.py")}
+    assert not [u for u in REQUIRED_UNITS if u not in units]
+
+
+@pytest.mark.parametrize(
+    "planted, expected",
+    [
+        ("from verl_tlt.engine.engine import RolloutEngine\n", "imports verl_tlt.engine.engine"),
+        ("def f():\n    import verl_tlt.integrations.verl.plugin\n", "imports verl_tlt.integrations.verl.plugin"),
+        ("from verl_tlt import engine\n", "imports verl_tlt.engine"),
+        ("from ..engine import engine\n", "imports verl_tlt.engine"),
+    ],
+)
+def test_the_check_finds_a_planted_upward_import(tmp_path, planted, expected):
+    root = tmp_path / "verl_tlt"
+    for unit in ("drafter", "engine", "integrations/verl"):
+        (root / unit).mkdir(parents=True)
+        (root / unit / "__init__.py").write_text("")
+    (root / "__init__.py").write_text("")
+    (root / "engine" / "engine.py").write_text("from verl_tlt.drafter.model import Model\n")  # downward: allowed
+    (root / "drafter" / "model.py").write_text(planted)
+    problems = layer_violations(root)
+    assert len(problems) == 1 and expected in problems[0] and problems[0].startswith("verl_tlt.drafter.model:")
+
+
+def test_the_check_finds_a_module_outside_every_layer(tmp_path):
+    root = tmp_path / "verl_tlt"
+    (root / "newthing").mkdir(parents=True)
+    (root / "newthing" / "__init__.py").write_text("")
+    assert any("unit 'newthing' is in no layer" in p for p in layer_violations(root))
+
+
+# Imports every module of the framework-free packages in one fresh interpreter, noting framework modules after each.
 PROBE = """
 import importlib, json, pkgutil, sys
 report = {}
 for package in PACKAGES:
-    try:
-        root = importlib.import_module(package)
-    except ModuleNotFoundError:
-        continue  # a layer that does not exist yet has nothing to check
-    names = [package] + [package + "." + info.name for info in pkgutil.iter_modules(root.__path__)]
+    root = importlib.import_module(package)
+    names = [package] + [package + "." + info.name for info in pkgutil.iter_modules(getattr(root, "__path__", []))]
     for name in names:
         importlib.import_module(name)
-        report[name] = sorted(m for m in sys.modules if m.split(".")[0] in FORBIDDEN)
+        report[name] = sorted(m for m in sys.modules if m.split(".")[0] in FRAMEWORKS)
 print(json.dumps(report))
 """
 
 
-def test_pure_layers_import_no_framework():
-    code = f"PACKAGES = {PURE_PACKAGES!r}\nFORBIDDEN = {FORBIDDEN!r}\n{PROBE}"
-    root = Path(__file__).resolve().parents[1]
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=False)
+def test_the_lower_layers_import_no_framework():
+    code = f"PACKAGES = {FRAMEWORK_FREE!r}\nFRAMEWORKS = {FRAMEWORKS!r}\n{PROBE}"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE_ROOT.parent)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert any(name.startswith("verl_tlt.spec.") for name in report) and "verl_tlt.engine.engine" in report
+    assert {"verl_tlt.engine.engine", "verl_tlt.drafter.trainer", "verl_tlt.modeling.model"} <= set(report)
     offenders = {name: bad for name, bad in report.items() if bad}
-    assert not offenders, f"pure modules pulled in framework modules: {offenders}"
+    assert not offenders, f"framework-free modules pulled in framework modules: {offenders}"
+
+
+def test_a_framework_import_in_a_lower_layer_would_be_found():
+    # The probe's power: the same interpreter, told that a module it imports is a framework, reports it.
+    code = f"PACKAGES = ('verl_tlt.spec',)\nFRAMEWORKS = ('torch',)\n{PROBE}"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE_ROOT.parent)
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert any(report.values())

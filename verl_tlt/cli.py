@@ -15,7 +15,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     if command == "quickstart":
-        from verl_tlt.quickstart import main as quickstart_main
+        from verl_tlt.quickstart.cli import main as quickstart_main
 
         return quickstart_main(rest)
     if command == "toy":
@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return toy_main(rest)
     if command == "drafter":
-        from verl_tlt.drafter.cli import main as drafter_main
+        from verl_tlt.warmup.cli import main as drafter_main
 
         return drafter_main(rest)
     if command == "bench":

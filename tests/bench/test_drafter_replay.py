@@ -11,8 +11,8 @@ from verl_tlt.drafter.data import DrafterSample
 from verl_tlt.drafter.export import export_eagle
 from verl_tlt.drafter.model import EagleDrafterModel
 from verl_tlt.drafter.trainer import DrafterTrainConfig
-from verl_tlt.engine.model import sequence_hidden_states
-from verl_tlt.engine.weights import load_pretrained
+from verl_tlt.modeling.model import sequence_hidden_states
+from verl_tlt.modeling.weights import load_pretrained
 
 CONFIG = DrafterTrainConfig(lr=3e-3, max_tokens_per_batch=128)
 

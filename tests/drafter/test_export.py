@@ -16,7 +16,7 @@ from verl_tlt.drafter import export as export_module
 from verl_tlt.engine import RolloutEngine
 from verl_tlt.engine.drafter import DraftContext
 from verl_tlt.engine.eagle_drafter import EagleDrafter
-from verl_tlt.engine.model import CausalLM
+from verl_tlt.modeling.model import CausalLM
 
 ARCHS = ("qwen2", "qwen3", "llama")
 # What each target's drafter must look like on disk (see the export module docstring for the vLLM sources).

@@ -12,7 +12,7 @@ from verl_tlt.drafter.model import EagleDrafterModel
 from verl_tlt.drafter.spot import SpotTrainer
 from verl_tlt.drafter.trainer import DrafterTrainConfig
 from verl_tlt.engine import RolloutEngine
-from verl_tlt.engine.model import sequence_hidden_states
+from verl_tlt.modeling.model import sequence_hidden_states
 
 
 @pytest.fixture()

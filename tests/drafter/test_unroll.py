@@ -9,8 +9,8 @@ from verl_tlt.drafter.data import DrafterSample, pack
 from verl_tlt.drafter.model import EagleDrafterModel
 from verl_tlt.drafter.trainer import drafter_forward
 from verl_tlt.drafter.unroll import sample_ids, sample_ranges, unrolled_forward
-from verl_tlt.engine.model import AttentionBatch, sequence_hidden_states
-from verl_tlt.engine.weights import load_pretrained
+from verl_tlt.modeling.model import AttentionBatch, sequence_hidden_states
+from verl_tlt.modeling.weights import load_pretrained
 
 DEPTH = 4
 

@@ -14,7 +14,7 @@ from verl_tlt.drafter.data import DrafterSample
 from verl_tlt.drafter.export import export_eagle
 from verl_tlt.drafter.trainer import CHECKPOINT_FILE, drafter_forward
 from verl_tlt.drafter.worker import FAULT_ENV, DrafterWorker
-from verl_tlt.engine.model import sequence_hidden_states
+from verl_tlt.modeling.model import sequence_hidden_states
 
 # Two 24-token samples per 64-token batch: successive steps see different samples, so the buffer cursor matters.
 CONFIG = DrafterConfig(lr=1e-3, max_tokens_per_batch=64)

@@ -8,8 +8,8 @@ import torch
 from tests.engine.conftest import build_tiny_model
 from verl_tlt.drafter.model import EagleDrafterModel
 from verl_tlt.engine.eagle_inference import EagleInferenceForward
-from verl_tlt.engine.model import AttentionBatch
-from verl_tlt.engine.weights import load_pretrained
+from verl_tlt.modeling.model import AttentionBatch
+from verl_tlt.modeling.weights import load_pretrained
 
 KV_LEN = 12
 

@@ -161,7 +161,7 @@ def test_cpu_layouts_follow_weight_loads(tiny_qwen2):
 @pytest.mark.parametrize("rows", [1, 2, 37], ids=["transposed", "transposed_2_rows", "packed_padded"])
 def test_cpu_layouts_match_nn_linear_and_never_serve_a_forward_that_trains(rows):
     from verl_tlt.engine import cpu_linear
-    from verl_tlt.engine.cpu_linear import CpuLayoutLinear
+    from verl_tlt.modeling.cpu_linear import CpuLayoutLinear
 
     linear = CpuLayoutLinear(512, 512)
     linear.cpu_layouts = True
@@ -183,7 +183,7 @@ def test_cpu_layouts_match_nn_linear_and_never_serve_a_forward_that_trains(rows)
 
 
 def test_packed_products_run_on_few_padded_row_counts():
-    from verl_tlt.engine.cpu_linear import packed_rows
+    from verl_tlt.modeling.cpu_linear import packed_rows
 
     sizes = [packed_rows(rows) for rows in range(1, 8193)]
     assert all(size >= rows and size <= max(8, 1.25 * rows) for rows, size in enumerate(sizes, start=1))

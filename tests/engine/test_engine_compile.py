@@ -14,7 +14,7 @@ from tests.engine.conftest import assert_same_outputs, build_tiny_model
 from tests.engine.drafters import HFModelDrafter
 from verl_tlt.engine import RolloutEngine, SamplingParams
 from verl_tlt.engine.compiled_forward import STEP_KINDS, CompiledForward
-from verl_tlt.engine.cpu_linear import PACKED_MIN_WEIGHT, CpuLayoutLinear
+from verl_tlt.modeling.cpu_linear import PACKED_MIN_WEIGHT, CpuLayoutLinear
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18, 19, 20], [21], [30, 31, 32]]
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)

@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(error))
         target, drafter = args.target, args.drafter
         if target is None or drafter is None:
-            from verl_tlt.quickstart import COMPACT_SHARE
+            from verl_tlt.quickstart.cli import COMPACT_SHARE
             from verl_tlt.toy.drafter import ensure_toy_drafter
             from verl_tlt.toy.sft import ensure_toy_target
 

@@ -62,7 +62,7 @@ def replay(
     buffer_tokens: int = 262_144,
 ) -> dict:
     """Replay online training over `steps`; per-step scores of the online and the initial drafter, and totals."""
-    from verl_tlt.engine.weights import load_pretrained, load_weights
+    from verl_tlt.modeling.weights import load_pretrained, load_weights
 
     budget = _per_step_budget(steps_per_rl_step, len(steps))
     eval_tokens = train_config.max_tokens_per_batch  # as a drafter worker scores: packed like its training batches

@@ -64,7 +64,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from verl_tlt.drafter.model import EagleDrafterModel
-from verl_tlt.engine.model import CausalLM, ModelSpec
+from verl_tlt.modeling.model import CausalLM, ModelSpec
 
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"

@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from verl_tlt.engine.cpu_linear import CpuLayoutLinear
-from verl_tlt.engine.model import AttentionBatch, CausalLM, DecoderLayer, ModelSpec
+from verl_tlt.modeling.cpu_linear import CpuLayoutLinear
+from verl_tlt.modeling.model import AttentionBatch, CausalLM, DecoderLayer, ModelSpec
 
 
 class EagleDrafterModel(nn.Module):

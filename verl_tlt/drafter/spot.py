@@ -19,7 +19,7 @@ import torch
 from verl_tlt.drafter.data import DrafterDataBuffer, DrafterSample
 from verl_tlt.drafter.model import EagleDrafterModel
 from verl_tlt.drafter.trainer import DrafterTrainConfig, DrafterTrainer, TrainReport
-from verl_tlt.engine.torch_threads import with_torch_threads
+from verl_tlt.modeling.torch_threads import with_torch_threads
 
 logger = logging.getLogger(__name__)
 

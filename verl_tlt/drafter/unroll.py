@@ -18,7 +18,7 @@ import torch
 
 from verl_tlt.drafter.data import PackedBatch
 from verl_tlt.drafter.model import EagleDrafterModel
-from verl_tlt.engine.model import AttentionBatch
+from verl_tlt.modeling.model import AttentionBatch
 
 
 @dataclass

@@ -36,7 +36,7 @@ FAULT_ENV = "VERL_TLT_DRAFTER_FAULT"
 
 
 def _target_model(target_path: str, dtype: torch.dtype):
-    from verl_tlt.engine.weights import load_pretrained
+    from verl_tlt.modeling.weights import load_pretrained
 
     model, _ = load_pretrained(target_path, dtype=dtype)
     model.requires_grad_(False)
@@ -142,7 +142,7 @@ class DrafterWorker:
 
     def update_target_weights(self, named_tensors: dict[str, torch.Tensor]) -> int:
         """The policy's current embedding / LM head (shared with the drafter, frozen for it) after an RL update."""
-        from verl_tlt.engine.weights import load_weights
+        from verl_tlt.modeling.weights import load_weights
 
         return load_weights(self.target, named_tensors.items(), strict=False)
 

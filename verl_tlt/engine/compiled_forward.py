@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-from verl_tlt.engine.cpu_linear import register_for_compile
+from verl_tlt.modeling.cpu_linear import register_for_compile
 
 STEP_KINDS = ("prefill", "decode", "verify")
 _instances = itertools.count()

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from verl_tlt.engine.kv_cache import SlotKVCache
-from verl_tlt.engine.model import AttentionBatch
+from verl_tlt.modeling.model import AttentionBatch
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from verl_tlt.drafter.model import EagleDrafterModel
-from verl_tlt.engine.model import rotate_half
+from verl_tlt.modeling.model import rotate_half
 
 
 def _kept(keep: list[int], query: torch.Tensor, x: torch.Tensor, mask: torch.Tensor | None):

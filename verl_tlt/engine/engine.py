@@ -24,12 +24,12 @@ from verl_tlt.engine.cuda_graphs import StepGraphPool, graph_batch_buckets
 from verl_tlt.engine.decode_stats import DecodeCosts, DecodeStats
 from verl_tlt.engine.drafter import Drafter
 from verl_tlt.engine.kv_cache import SlotKVCache
-from verl_tlt.engine.model import AttentionBatch, CausalLM
 from verl_tlt.engine.request import CompletionOutput, Request
 from verl_tlt.engine.sampler import params_tensors, sample_tokens
 from verl_tlt.engine.sampling_params import LOGPROBS_MODES, SamplingParams
 from verl_tlt.engine.speculative import accepted_path_moves, draft_trees, tree_forward_layout
-from verl_tlt.engine.weights import load_pretrained, load_weights, read_eos_token_ids
+from verl_tlt.modeling.model import AttentionBatch, CausalLM
+from verl_tlt.modeling.weights import load_pretrained, load_weights, read_eos_token_ids
 from verl_tlt.spec.keyed_noise import gumbel_noise, request_key
 from verl_tlt.spec.logits import LogitsParams, token_log_probs
 from verl_tlt.spec.strategy import SpecStrategy

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from verl_tlt.engine.model import ModelSpec
+from verl_tlt.modeling.model import ModelSpec
 
 
 class SlotKVCache:

@@ -53,7 +53,7 @@ def ensure_toy_drafter(
     compact_share and shape select the target (see `ensure_toy_target`); the drafter's cache folder names its
     target.
     """
-    from verl_tlt.drafter.warmup import warmup_drafter
+    from verl_tlt.warmup.offline import warmup_drafter
 
     root = Path(cache_root) if cache_root is not None else default_cache_root()
     target = ensure_toy_target(root, seed=seed, compact_share=compact_share, shape=shape)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from verl_tlt.quickstart import toy_grpo_overrides
+from verl_tlt.quickstart.cli import toy_grpo_overrides
+from verl_tlt.quickstart.verl_job import run_verl_job
 from verl_tlt.toy.build import build_toy_world
-from verl_tlt.verl_job import run_verl_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 DENSE_REWARD = str(Path(__file__).with_name("dense_reward.py"))

@@ -13,10 +13,10 @@ import math
 import pytest
 
 from verl_tlt.integrations.verl.request_seeds import SLOT_AGENT_LOOP
-from verl_tlt.quickstart import toy_grpo_overrides
+from verl_tlt.quickstart.cli import toy_grpo_overrides
+from verl_tlt.quickstart.verl_job import read_rollouts, run_verl_job
 from verl_tlt.toy.build import build_toy_world
 from verl_tlt.toy.sft import ensure_toy_target
-from verl_tlt.verl_job import read_rollouts, run_verl_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 

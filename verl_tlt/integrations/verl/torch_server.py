@@ -19,8 +19,8 @@ import torch
 
 from verl_tlt.engine import CompletionOutput, RolloutEngine, SamplingParams
 from verl_tlt.engine.engine import SAMPLING_MODES
-from verl_tlt.engine.torch_threads import with_torch_threads
 from verl_tlt.integrations.verl.rollout_trace import RolloutTrace, append_jsonl
+from verl_tlt.modeling.torch_threads import with_torch_threads
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verl_tlt.engine.model import AttentionBatch, RotaryEmbedding
+from verl_tlt.modeling.model import AttentionBatch, RotaryEmbedding
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -55,7 +55,7 @@ def test_attention_batch_segments_need_one_packed_row_with_a_mask_and_whole_key_
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_drafter_shared_views_are_the_embedding_and_an_untied_lm_head(arch, tmp_path):
     from tests.engine.conftest import build_tiny_model
-    from verl_tlt.engine.weights import load_pretrained
+    from verl_tlt.modeling.weights import load_pretrained
 
     build_tiny_model(arch, tmp_path)  # qwen2 ties its LM head to the embedding here, llama does not
     model, _ = load_pretrained(str(tmp_path))

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from verl_tlt.engine.decode_stats import ms_per_token_by_batch
 from verl_tlt.integrations.verl.request_seeds import SLOT_AGENT_LOOP
-from verl_tlt.quickstart_summary import format_decode_costs, format_table, headline, read_trace, step_rows
-from verl_tlt.verl_job import read_rollouts, run_verl_job
+from verl_tlt.quickstart.summary import format_decode_costs, format_table, headline, read_trace, step_rows
+from verl_tlt.quickstart.verl_job import read_rollouts, run_verl_job
 
 logger = logging.getLogger(__name__)
 
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(format_table(summary["runs"]))
     if not args.no_plot:
-        from verl_tlt.quickstart_plot import plot_comparison
+        from verl_tlt.quickstart.plot import plot_comparison
 
         print(f"plot: {plot_comparison(summary['runs'], out / 'comparison.png')}")
     _print_headline(summary)

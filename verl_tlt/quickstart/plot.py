@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from verl_tlt.quickstart_summary import STEP_PARTS
+from verl_tlt.quickstart.summary import STEP_PARTS
 
 
 def plot_comparison(runs: dict[str, list[dict]], out: Path) -> Path:

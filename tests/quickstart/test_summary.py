@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from verl_tlt.quickstart_summary import format_decode_costs, format_table, headline, read_trace, step_rows
+from verl_tlt.quickstart.summary import format_decode_costs, format_table, headline, read_trace, step_rows
 from verl_tlt.toy.task import COMPACT, Problem, solution_text
 
 PROBLEM = Problem.from_nd(11, 4)
@@ -159,7 +159,7 @@ def test_headline_without_acceptance_reports_none_not_a_number():
 
 def test_plot_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib")
-    from verl_tlt.quickstart_plot import plot_comparison
+    from verl_tlt.quickstart.plot import plot_comparison
 
     runs = {
         "baseline": _rows([4.0, 4.0], None),
@@ -185,7 +185,7 @@ def test_read_trace_skips_validation_records(tmp_path):
 
 
 def test_same_responses_steps_counts_the_steps_each_run_sampled_like_the_baseline():
-    from verl_tlt.quickstart import same_responses_steps
+    from verl_tlt.quickstart.cli import same_responses_steps
 
     baseline = {1: [("p", "a"), ("q", "b")], 2: [("p", "c")]}
     responses = {"baseline": baseline, "tlt": dict(baseline), "frozen": {1: baseline[1], 2: [("p", "d")]}}

@@ -19,7 +19,7 @@ from verl_tlt.drafter.data import DrafterDataBuffer, DrafterSample
 from verl_tlt.drafter.model import EagleDrafterModel
 from verl_tlt.drafter.trainer import DrafterTrainConfig, DrafterTrainer
 from verl_tlt.engine import RolloutEngine, SamplingParams
-from verl_tlt.engine.model import sequence_hidden_states
+from verl_tlt.modeling.model import sequence_hidden_states
 
 logger = logging.getLogger(__name__)
 

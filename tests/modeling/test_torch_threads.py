@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.openmp_probe import openmp_max_threads_probe
-from verl_tlt.engine.torch_threads import with_torch_threads
+from verl_tlt.modeling.torch_threads import with_torch_threads
 
 
 @pytest.fixture()

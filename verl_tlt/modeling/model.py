@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from verl_tlt.engine.cpu_linear import CpuLayoutLinear, invalidate_cpu_layouts, set_cpu_layouts
+from verl_tlt.modeling.cpu_linear import CpuLayoutLinear, invalidate_cpu_layouts, set_cpu_layouts
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
 

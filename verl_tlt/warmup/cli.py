@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     from dataclasses import asdict
 
     from verl_tlt.drafter.trainer import DrafterTrainConfig
-    from verl_tlt.drafter.warmup import prompts_from_parquet, warmup_drafter
+    from verl_tlt.warmup.offline import prompts_from_parquet, warmup_drafter
 
     try:
         config = DrafterTrainConfig(seed=args.seed, train_depth=args.train_depth)

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from verl_tlt.engine.model import CausalLM, ModelSpec
+from verl_tlt.modeling.model import CausalLM, ModelSpec
 
 logger = logging.getLogger(__name__)
 
