@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from verl_tlt.engine import RolloutEngine, SamplingParams
-from verl_tlt.toy import sft
+from verl_tlt.toy import cache, sft
 from verl_tlt.toy.task import make_problems
 
 # Tiny batches and a short warm-up: a handful of steps then takes about a second and still moves the loss.
@@ -107,13 +107,13 @@ def test_cache_trains_once_then_reuses_the_checkpoint(tmp_path, monkeypatch, cap
 
 
 def test_cache_retrains_an_incomplete_checkpoint_and_honours_the_env_root(tmp_path, monkeypatch):
-    monkeypatch.setenv(sft.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path))
     broken = tmp_path / sft.target_dir_name(seed=0, num_steps=1)
     broken.mkdir()
     (broken / "config.json").write_text("{}")
     path = sft.ensure_toy_target(num_steps=1, recipe=FAST_RECIPE)
     assert path == broken and (path / sft.TRAINING_INFO_NAME).is_file()
-    assert sft.default_cache_root() == tmp_path
+    assert cache.default_cache_root() == tmp_path
 
 
 def test_evaluation_report_has_buckets_rates_entropy_and_lengths(checkpoint):

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 from pathlib import Path
 
 from verl_tlt.engine.decode_stats import ms_per_token_by_batch
@@ -26,7 +25,6 @@ from verl_tlt.quickstart.verl_job import read_rollouts, run_verl_job
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_CACHE = Path(os.environ.get("VERL_TLT_CACHE", Path.home() / ".cache" / "verl-tlt"))
 # Share of compact-style examples in the quickstart target's SFT data (see verl_tlt.toy.task).
 COMPACT_SHARE = 0.1
 # The three runs: name -> extra overrides (the drafter path is filled in at run time).
@@ -130,10 +128,12 @@ def check_same_tokenizer(world_model_dir: Path, actor_dir: Path) -> None:
 
 def run_comparison(args: argparse.Namespace) -> dict:
     from verl_tlt.toy.build import build_toy_world
+    from verl_tlt.toy.cache import default_cache_root
     from verl_tlt.toy.drafter import ensure_toy_drafter
     from verl_tlt.toy.sft import ensure_toy_target
 
-    world = build_toy_world(Path(args.cache) / "toy-world")
+    args.cache = Path(args.cache) if args.cache else default_cache_root()
+    world = build_toy_world(args.cache / "toy-world")
     logger.info("toy world: %s", world.root)
     target = ensure_toy_target(args.cache, compact_share=COMPACT_SHARE)
     check_same_tokenizer(world.model_dir, target)
@@ -199,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="verl-tlt quickstart", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="outputs/quickstart", help="output directory (summary.json, plot, logs)")
     parser.add_argument(
-        "--cache", default=str(DEFAULT_CACHE), help="where the toy world, target and drafter are built and reused"
+        "--cache",
+        default=None,
+        help="where the toy world, target and drafter are built and reused (default: $VERL_TLT_CACHE or ~/.cache/verl-tlt)",
     )
     # The drift (compact share 5% -> ~90%) is complete by about step 8 at lr 5e-4; the steps after it show whether the
     # online drafter catches up with the drifted policy while the frozen one stays behind (README, quickstart table).

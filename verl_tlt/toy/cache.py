@@ -17,6 +17,14 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
+# Environment variable naming the cache root; every builder (toy world, target, drafter, quickstart) reads it here.
+CACHE_ENV = "VERL_TLT_CACHE"
+
+
+def default_cache_root() -> Path:
+    """`$VERL_TLT_CACHE`, else ~/.cache/verl-tlt: where the toy world, target and drafter are built once."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "verl-tlt")
+
 
 @contextmanager
 def exclusive_lock(lock_path: Path) -> Iterator[None]:

@@ -6,8 +6,8 @@ import dataclasses
 from pathlib import Path
 
 from verl_tlt.drafter.trainer import DrafterTrainConfig
-from verl_tlt.toy.cache import build_once
-from verl_tlt.toy.sft import default_cache_root, ensure_toy_target, prompt_ids
+from verl_tlt.toy.cache import build_once, default_cache_root
+from verl_tlt.toy.sft import ensure_toy_target, prompt_ids
 from verl_tlt.toy.task import make_problems
 
 # Bump when the warm-up recipe below changes, so stale cached drafters are not reused.

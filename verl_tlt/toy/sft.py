@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import random
 import time
 from collections.abc import Iterator, Sequence
@@ -34,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
-from verl_tlt.toy.cache import build_once
+from verl_tlt.toy.cache import build_once, default_cache_root
 from verl_tlt.toy.model import build_tiny_model, shape_kwargs
 from verl_tlt.toy.task import (
     COMPACT,
@@ -60,8 +59,6 @@ TOY_TARGET_VERSION = 1
 # / 90%; 400 -> 64% / 94% (1-3 steps 73%, 31+ steps 8%; 0.11 nats/token); 500 -> 80% / 97%, most of the room
 # for RL gone.
 DEFAULT_NUM_STEPS = 400
-# Environment variable naming the cache root (the quickstart uses the same one).
-CACHE_ENV = "VERL_TLT_CACHE"
 # Written last into a checkpoint: training statistics, and the marker of a complete directory.
 TRAINING_INFO_NAME = "training.json"
 _CHECKPOINT_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json")
@@ -311,11 +308,6 @@ def train_toy_target(
 
 
 # ----- cache --------------------------------------------------------------------------------------------------
-
-
-def default_cache_root() -> Path:
-    """`$VERL_TLT_CACHE`, else ~/.cache/verl-tlt: the root the quickstart also builds the toy world in."""
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "verl-tlt")
 
 
 def target_dir_name(
