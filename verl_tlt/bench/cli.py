@@ -139,12 +139,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(error))
         target, drafter = args.target, args.drafter
         if target is None or drafter is None:
-            from verl_tlt.quickstart.cli import COMPACT_SHARE
             from verl_tlt.toy.drafter import ensure_toy_drafter
-            from verl_tlt.toy.sft import ensure_toy_target
+            from verl_tlt.toy.sft import DRIFTING_COMPACT_SHARE, ensure_toy_target
 
-            target = target or str(ensure_toy_target(compact_share=COMPACT_SHARE))
-            drafter = drafter or str(ensure_toy_drafter(compact_share=COMPACT_SHARE))
+            target = target or str(ensure_toy_target(compact_share=DRIFTING_COMPACT_SHARE))
+            drafter = drafter or str(ensure_toy_drafter(compact_share=DRIFTING_COMPACT_SHARE))
         try:
             run_drafter_replay(
                 args.json,

@@ -25,8 +25,6 @@ from verl_tlt.quickstart.verl_job import read_rollouts, run_verl_job
 
 logger = logging.getLogger(__name__)
 
-# Share of compact-style examples in the quickstart target's SFT data (see verl_tlt.toy.task).
-COMPACT_SHARE = 0.1
 # The three runs: name -> extra overrides (the drafter path is filled in at run time).
 RUNS = {
     "baseline": ["tlt.enabled=false"],
@@ -130,14 +128,14 @@ def run_comparison(args: argparse.Namespace) -> dict:
     from verl_tlt.toy.build import build_toy_world
     from verl_tlt.toy.cache import default_cache_root
     from verl_tlt.toy.drafter import ensure_toy_drafter
-    from verl_tlt.toy.sft import ensure_toy_target
+    from verl_tlt.toy.sft import DRIFTING_COMPACT_SHARE, ensure_toy_target
 
     args.cache = Path(args.cache) if args.cache else default_cache_root()
     world = build_toy_world(args.cache / "toy-world")
     logger.info("toy world: %s", world.root)
-    target = ensure_toy_target(args.cache, compact_share=COMPACT_SHARE)
+    target = ensure_toy_target(args.cache, compact_share=DRIFTING_COMPACT_SHARE)
     check_same_tokenizer(world.model_dir, target)
-    drafter = ensure_toy_drafter(args.cache, compact_share=COMPACT_SHARE)
+    drafter = ensure_toy_drafter(args.cache, compact_share=DRIFTING_COMPACT_SHARE)
     logger.info("actor: toy target %s; drafter warmed up on it: %s", target, drafter)
     common = toy_grpo_overrides(
         world,
