@@ -199,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cache",
         default=None,
-        help="where the toy world, target and drafter are built and reused (default: $VERL_TLT_CACHE or ~/.cache/verl-tlt)",
+        help="where the toy world, target and drafter are built and reused (default: $VERL_TLT_CACHE, else "
+        "~/.cache/verl-tlt)",
     )
     # The drift (compact share 5% -> ~90%) is complete by about step 8 at lr 5e-4; the steps after it show whether the
     # online drafter catches up with the drifted policy while the frozen one stays behind (README, quickstart table).
