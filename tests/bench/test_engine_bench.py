@@ -1,4 +1,4 @@
-"""`bench engine` on a tiny model: the row keys the README and the issue name, eager and compiled."""
+"""`bench engine` on a tiny model: the row keys docs/benchmarks.md reports, eager and compiled."""
 
 from __future__ import annotations
 
