@@ -24,7 +24,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "verl_tlt"
 # Bottom to top. A unit is a top-level module or sub-package of verl_tlt (`integrations.<framework>` for glue).
 # A module may import its own unit and the units of lower layers; units of one layer do not import each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("spec", "files", "progress"),
+    ("spec", "files", "progress", "commands"),
     ("config", "metrics"),
     ("modeling",),
     ("drafter",),

@@ -57,3 +57,34 @@ def test_bad_arguments_are_refused():
 )
 def test_durations_read_at_every_scale(seconds, text):
     assert format_duration(seconds) == text
+
+
+def test_the_last_unit_is_reported_once_and_later_heartbeats_wait_their_turn():
+    progress, clock, lines = make(total=2)
+    progress.update(2)
+    clock.now += 1
+    assert not progress.heartbeat() and not progress.update(2) and len(lines) == 1
+    clock.now += 10
+    assert progress.heartbeat() and len(lines) == 2
+
+
+def test_advance_counts_on_from_the_units_done():
+    progress, clock, lines = make(total=4)
+    progress.advance()
+    clock.now += 10
+    assert progress.advance(2) and progress.done == 3
+    assert lines == ["toy SFT: 3/4 steps, 10 s elapsed, about 3.3 s left"]
+
+
+def test_an_extra_function_is_called_only_for_a_line():
+    progress, clock, lines = make()
+    calls = []
+
+    def extra():
+        calls.append(progress.done)
+        return "loss 0.25"
+
+    progress.update(1, extra)
+    clock.now += 10
+    progress.update(2, extra)
+    assert calls == [2] and lines[-1].endswith("loss 0.25")

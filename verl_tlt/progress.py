@@ -12,6 +12,9 @@ from collections.abc import Callable
 
 logger = logging.getLogger("verl_tlt.progress")
 
+# What `update` appends to a line: text, or a function that makes it when a line is due.
+Extra = str | Callable[[], str]
+
 # Often enough that a minute never passes without a line, rarely enough that a fast loop does not flood the log.
 DEFAULT_EVERY_S = 10.0
 
@@ -54,6 +57,7 @@ class Progress:
         self._clock = clock
         self.start = clock()
         self._last_emit = self.start
+        self._finished_reported = False
         self.done = 0
 
     @property
@@ -76,17 +80,27 @@ class Progress:
             parts.append(extra)
         return ", ".join(parts)
 
-    def update(self, done: int, extra: str = "") -> bool:
-        """Record progress; emit a line if `every_s` has passed since the last one or the work is complete."""
+    def update(self, done: int, extra: Extra = "") -> bool:
+        """Record progress; emit a line if `every_s` has passed since the last one or the work is complete.
+
+        extra: text appended to the line, or a function returning it, called only when a line is emitted (so a
+        loop can report e.g. its loss without formatting it on every step).
+        """
         self.done = done
         now = self._clock()
-        finished = self.total is not None and done >= self.total
+        # The line for the last unit comes at once, but only once (later heartbeats wait their turn).
+        finished = self.total is not None and done >= self.total and not self._finished_reported
         if now - self._last_emit < self.every_s and not finished:
             return False
         self._last_emit = now
-        self._emit(self.line(extra))
+        self._finished_reported = self.total is not None and done >= self.total
+        self._emit(self.line(extra() if callable(extra) else extra))
         return True
 
-    def heartbeat(self, extra: str = "") -> bool:
+    def advance(self, units: int = 1, extra: Extra = "") -> bool:
+        """`update(done + units)`: for loops that finish units one (or a few) at a time."""
+        return self.update(self.done + units, extra)
+
+    def heartbeat(self, extra: Extra = "") -> bool:
         """Emit a line if one is due, without new units done (for waits whose progress is not countable)."""
         return self.update(self.done, extra)

@@ -103,3 +103,16 @@ def test_paired_ratios_compare_the_runs_of_each_round():
 
     rounds = {"fixed": [4.0, 6.0, 5.0], "adaptive": [5.0, 5.0, 5.0]}  # a slow second round hits fixed only
     assert paired_ratios(rounds, "fixed", "adaptive") == [0.8, 1.2, 1.0]
+
+
+def test_interleaved_best_advances_progress_after_every_run():
+    from tests.progress_probe import recording_progress
+    from verl_tlt.bench.adaptive_bench import interleaved_best
+
+    progress, lines = recording_progress(4, every_step=True)
+    runs = {name: (lambda name=name: (1.0, name, {}, {})) for name in ("plain", "adaptive")}
+    interleaved_best(2, runs, progress)
+    assert progress.done == 4 and [line.split(", ")[0] for line in lines] == [
+        f"probe: {n}/4 steps" for n in range(1, 5)
+    ]
+    assert lines[-1].endswith("round 2: plain")  # the second round starts one variant later

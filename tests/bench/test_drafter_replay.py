@@ -97,3 +97,13 @@ def test_the_cli_names_a_missing_recording_and_writes_json(world, tmp_path, caps
     result = json.loads(out.read_text())
     assert [r["train_steps"] for r in result["rows"]] == [0, 2]
     assert result["train_config"]["max_tokens_per_batch"] == 64
+
+
+def test_the_replay_reports_each_recorded_step(world, caplog):
+    import logging
+
+    target, drafter, samples = world
+    with caplog.at_level(logging.INFO, logger="verl_tlt.progress"):
+        replay(steps_of(samples, 2), target, drafter, CONFIG, [1])
+    lines = [record.getMessage() for record in caplog.records if record.name == "verl_tlt.progress"]
+    assert lines[-1].startswith("bench drafter-replay: 2/2 recorded steps") and "step 2, 1 optimizer steps" in lines[-1]

@@ -35,3 +35,29 @@ def test_engine_bench_can_skip_the_compiled_engine(tiny_bench_model):
     result = engine_bench.run(None, [tiny_bench_model], [2], prompt_len=4, new_tokens=4, repeats=1, compile=False)
     (row,) = result["rows"]
     assert result["compiled"] is False and "compiled_tokens_per_s" not in row and row["speedup_vs_hf"] > 0
+
+
+def test_time_call_reports_progress_between_timed_calls_never_inside_one(monkeypatch):
+    events = []
+
+    class Beats:
+        def heartbeat(self):
+            events.append("beat")
+
+    def clock():
+        events.append("clock")
+        return float(len(events))
+
+    monkeypatch.setattr(engine_bench.time, "perf_counter", clock)
+    engine_bench.time_call(lambda: events.append("call"), repeats=2, progress=Beats())
+    # warm-up, then per repeat: a line if due, and the call between its two clock readings
+    assert events == ["call", "beat", "clock", "call", "clock", "beat", "clock", "call", "clock"]
+
+
+def test_engine_bench_reports_each_cell(tiny_bench_model, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="verl_tlt.progress"):
+        engine_bench.run(None, [tiny_bench_model], [1, 2], prompt_len=4, new_tokens=2, repeats=1, compile=False)
+    lines = [record.getMessage() for record in caplog.records if record.name == "verl_tlt.progress"]
+    assert lines and lines[-1].startswith("bench engine: 2/2 model x batch size cells") and "tiny bs=2" in lines[-1]

@@ -149,3 +149,24 @@ def test_the_replay_command_reports_refused_overrides_as_usage_errors(tmp_path, 
     with pytest.raises(SystemExit):
         main(["replay", "--costs", str(tmp_path / "none.json"), "--threshold", "8", "--buckets", "1", "16"])
     assert "buckets must ascend strictly from 1 and stay <= tlt.speculative.threshold=8" in capsys.readouterr().err
+
+
+def test_compare_advances_progress_once_per_replayed_seed_of_every_policy():
+    from tests.progress_probe import recording_progress
+
+    config = SpeculativeConfig(strategies=("4_1_4",), threshold=4, buckets=(1, 2))
+    progress, lines = recording_progress(None)
+    compare(config, costs(steps={PLAIN: {2: [(1.0, 1.0)]}, "4_1_4": {2: [(3.0, 1.5)]}}), seeds=3, progress=progress)
+    assert progress.done == 3 * (len(config.strategies) + 3)  # plain, each fixed strategy, adaptive cold and warm
+
+
+def test_recording_reports_each_rollout(tmp_path, caplog):
+    import logging
+
+    hf_model = build_tiny_model("qwen2", tmp_path, weight_std=0.2)
+    engine = RolloutEngine.from_pretrained(str(tmp_path), drafter=HFModelDrafter(hf_model), max_num_seqs=4)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    with caplog.at_level(logging.INFO, logger="verl_tlt.progress"):
+        record_step_costs(engine, [[5, 6], [7, 8]], params, ["3_1_3"], threshold=2, repeats=1)
+    lines = [record.getMessage() for record in caplog.records if record.name == "verl_tlt.progress"]
+    assert lines[-1].startswith("bench replay, recording step costs: 2/2 rollouts") and lines[-1].endswith("3_1_3")

@@ -22,3 +22,15 @@ def test_bench_batch_reports_speed_acceptance_and_checks_greedy_identity(tmp_pat
     accept = measure_acceptance(engine, prompts, "3_1_3", max_tokens=12)
     assert set(accept) == {"greedy", "t1"} and accept["greedy"] > 1.0
     assert math.isnan(acceptance_length([]))
+
+
+def test_bench_batch_advances_progress_after_each_round(tmp_path):
+    from tests.progress_probe import recording_progress
+
+    hf_model = build_tiny_model("qwen2", tmp_path, weight_std=0.2)
+    engine = RolloutEngine.from_pretrained(str(tmp_path), drafter=HFModelDrafter(hf_model))
+    progress, lines = recording_progress(3, every_step=True)
+    rounds = [[[5, 6]], [[7]], [[8, 9, 10]]]
+    bench_batch(engine, rounds, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), "2_1_2", progress)
+    assert [line.split(", ")[0] for line in lines] == ["probe: 1/3 steps", "probe: 2/3 steps", "probe: 3/3 steps"]
+    assert lines[-1].endswith("2_1_2 bs=1")

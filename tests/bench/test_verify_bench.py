@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 
 import pytest
@@ -33,13 +34,17 @@ def restore_threads():
     torch.set_num_threads(threads)
 
 
-def test_verify_bench_json(tmp_path, restore_threads):
+def test_verify_bench_json(tmp_path, restore_threads, caplog):
     path = tmp_path / "verify.json"
     argv = ["verify", "--json", str(path), "--model", "qwen2-tiny", "--batch-sizes", "1", "2", "--ks", "1", "2", "4"]
     # One thread: tiny ops under two OpenMP threads crawl when other jobs share the cores.
     argv += ["--context-len", "16", "--repeats", "1", "--sd-steps", "3", "--threads", "1"]
-    assert cli.main(argv) == 0
+    with caplog.at_level(logging.INFO, logger="verl_tlt.progress"):
+        assert cli.main(argv) == 0
     result = json.loads(path.read_text())
+    # Progress counts every timed cell (k=1 included) and both SD-overhead strategies.
+    lines = [record.getMessage() for record in caplog.records if record.name == "verl_tlt.progress"]
+    assert lines[-1].startswith("bench verify: 26/26 measurements")
     assert result["torch_threads"] == 1
     assert {"rows", "sd_overhead_fraction_bs1", "torch_threads", "model", "params_m", "context_len"} <= set(result)
     assert result["model"] == "qwen2-tiny" and result["context_len"] == 16 and result["params_m"] > 0

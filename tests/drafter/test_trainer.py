@@ -295,3 +295,14 @@ def test_the_chain_estimate_is_at_most_the_depth_plus_one_and_at_least_one(targe
     metrics = evaluate_drafter(EagleDrafterModel.from_target(engine.model), samples, 128, depth=3)
     for key in ("chain_acceptance_length", "chain_greedy_acceptance_length"):
         assert 1.0 <= metrics[key] <= 4.0
+
+
+def test_training_tells_progress_every_step_with_its_loss(target):
+    from tests.progress_probe import recording_progress
+
+    _, engine, samples = target
+    progress, lines = recording_progress(3, every_step=True)
+    report = make_trainer(engine, samples).train(max_steps=3, progress=progress)
+    assert report.steps == 3 and progress.done == 3
+    assert [line.split(",")[0] for line in lines] == ["probe: 1/3 steps", "probe: 2/3 steps", "probe: 3/3 steps"]
+    assert f"loss {report.last_metrics['loss']:.4f}" in lines[-1]

@@ -42,6 +42,19 @@ def test_mixed_max_tokens_leave_the_batch_independently(engine):
         )
 
 
+def test_generate_tells_progress_the_finished_requests_after_every_step(engine):
+    seen = []
+
+    class Counting:
+        def update(self, done):
+            seen.append(done)
+
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (1, 7, 3, 12, 5)]
+    outputs = engine.generate(PROMPTS, params, progress=Counting())
+    assert seen == sorted(seen) and seen[-1] == len(PROMPTS) and len(seen) > len(PROMPTS)
+    assert [len(o.token_ids) for o in outputs] == [1, 7, 3, 12, 5]
+
+
 def test_stop_token_ends_the_request_and_is_kept(engine):
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     reference = solo(engine, PROMPTS[0], params).token_ids

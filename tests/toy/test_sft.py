@@ -180,3 +180,16 @@ def test_a_non_default_shape_is_trained_into_its_own_cache_folder(tmp_path):
     assert json.loads((path / sft.TRAINING_INFO_NAME).read_text())["shape"] == "deep"
     with pytest.raises(ValueError, match="Unknown toy shape"):
         sft.ensure_toy_target(tmp_path, shape="wide")
+
+
+def test_training_and_evaluation_report_progress(checkpoint, tokenizer, caplog):
+    from verl_tlt.toy.model import build_tiny_model
+
+    model = build_tiny_model(tokenizer, seed=0)
+    with caplog.at_level(logging.INFO, logger="verl_tlt.progress"):
+        sft.train_steps(model, tokenizer, num_steps=2, seed=0, recipe=FAST_RECIPE)
+        sft.evaluate_toy_target(checkpoint, num_problems=3, seed=0, max_new_tokens=4)
+    lines = [record.getMessage() for record in caplog.records if record.name == "verl_tlt.progress"]
+    assert any(line.startswith("toy SFT: 2/2 steps") and ", loss " in line for line in lines), lines
+    assert any(line.startswith("toy target eval, greedy answers: 3/3 answers") for line in lines), lines
+    assert any(line.startswith("toy target eval, T=1 answers: 3/3 answers") for line in lines), lines

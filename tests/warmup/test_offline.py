@@ -50,3 +50,15 @@ def test_from_pretrained_loads_an_exported_drafter_by_path(varied_qwen2, tmp_pat
     assert [o.token_ids for o in engine.generate(PROMPTS, params, "3_2_5")] == [
         o.token_ids for o in target.generate(PROMPTS, params)
     ]
+
+
+def test_warmup_reports_progress_of_answers_hidden_states_and_training(varied_qwen2, tmp_path, caplog):
+    import logging
+
+    path, _ = varied_qwen2
+    with caplog.at_level(logging.INFO, logger="verl_tlt.progress"):
+        warmup_drafter(str(path), PROMPTS, tmp_path / "drafter", num_steps=2, temperature=(0.0, 1.0), max_tokens=4)
+    lines = [record.getMessage() for record in caplog.records if record.name == "verl_tlt.progress"]
+    for what in ("T=0 answers: 6/6 answers", "T=0 hidden states: 6/6", "T=1 answers: 6/6", "T=1 hidden states: 6/6"):
+        assert any(line.startswith(f"drafter warm-up, {what}") for line in lines), (what, lines)
+    assert any(line.startswith("drafter warm-up training: 2/2 optimizer steps") for line in lines), lines

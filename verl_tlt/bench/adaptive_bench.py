@@ -38,6 +38,7 @@ from verl_tlt.config import SpeculativeConfig
 from verl_tlt.engine import RolloutEngine, SamplingParams
 from verl_tlt.engine.adaptive import AdaptivePolicy
 from verl_tlt.engine.decode_stats import DecodeStats
+from verl_tlt.progress import Progress
 
 PROBLEM_SEED = 31337
 PLAIN_AGAIN = "plain_again"
@@ -97,18 +98,21 @@ def timed_run(engine: RolloutEngine, prompts, params, policy) -> tuple[float, li
 
 
 def interleaved_best(
-    repeats: int, variants: dict[str, Callable[[], tuple]]
+    repeats: int, variants: dict[str, Callable[[], tuple]], progress: Progress | None = None
 ) -> tuple[dict[str, tuple], dict[str, list[float]]]:
     """Each variant's fastest of `repeats` timed runs, taken round-robin (one run of every variant per round, each
     round starting one variant later) so that slow drift of a shared machine, and whatever a run leaves behind for
     the next, fall on all variants alike; a variant's step times become each step's fastest over its runs
-    (`fastest_steps`). Also returns each variant's seconds per round, in round order (for `paired_ratios`)."""
+    (`fastest_steps`). Also returns each variant's seconds per round, in round order (for `paired_ratios`).
+    `progress` advances by one after each run, between the timed runs."""
     results: dict[str, list[tuple]] = {name: [] for name in variants}
     names = list(variants)
     for round_index in range(repeats):
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
             results[name].append(variants[name]())
+            if progress is not None:
+                progress.advance(extra=f"round {round_index + 1}: {name}")
     best = {}
     for name, runs in results.items():
         seconds, outputs, _, stats = min(runs, key=lambda r: r[0])
@@ -229,7 +233,8 @@ def run(
     # is the machine's noise alone. Placed mid-round, as far from "plain" as a fixed strategy is from adaptive.
     variants[PLAIN_AGAIN] = variants["plain"]
     variants["adaptive_cold"], variants["adaptive"] = cold_run, warm_run
-    best, round_seconds = interleaved_best(repeats, variants)
+    progress = Progress("bench adaptive", repeats * len(variants), unit="timed runs")
+    best, round_seconds = interleaved_best(repeats, variants, progress)
 
     plain_s, reference, plain_steps, _ = best["plain"]
     tokens = sum(len(o.token_ids) for o in reference)

@@ -1,38 +1,123 @@
-"""`verl-tlt bench <name>`: benchmarks that print ratios measured in one run."""
+"""`verl-tlt bench <name>`: benchmarks that print ratios measured in one run.
+
+Each benchmark has a function that adds its options (`_add_<name>`) and one that checks them and runs it
+(`_run_<name>`); the benchmarks' own modules are imported only when one runs, so `--help` stays quick.
+"""
 
 from __future__ import annotations
 
 import argparse
 
+from verl_tlt.commands import add_command, add_group, run_alone, usage_error
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Adds `bench` and every benchmark to the `verl-tlt` command tree."""
+    bench = add_group(subparsers, "bench", "benchmarks: ratios measured in one run, printed and optionally saved")
+    for add in (_add_engine, _add_verify, _add_sd, _add_adaptive, _add_replay, _add_drafter_replay):
+        add(bench)
+
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="verl-tlt bench")
-    sub = parser.add_subparsers(dest="name", required=True)
-    engine = sub.add_parser("engine", help="torch engine vs transformers generate (tokens/s)")
+    """`verl-tlt bench ARGV...`."""
+    return run_alone(register, "bench", argv)
+
+
+# ----- engine ------------------------------------------------------------------------------------------------
+
+
+def _add_engine(bench: argparse._SubParsersAction) -> None:
+    engine = add_command(bench, "engine", _run_engine, "torch engine vs transformers generate (tokens/s)")
     engine.add_argument("--json", help="write results to this path")
     engine.add_argument("--device", default="cpu", help="torch device for both (e.g. cuda)")
-    engine.add_argument("--models", nargs="+", default=["toy-1m", "qwen2-50m"])
-    engine.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 16])
-    engine.add_argument("--prompt-len", type=int, default=32)
-    engine.add_argument("--new-tokens", type=int, default=64)
-    engine.add_argument("--repeats", type=int, default=3)
+    engine.add_argument("--models", nargs="+", default=["toy-1m", "qwen2-50m"], help="models to measure")
+    engine.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 16], help="requests decoded together")
+    engine.add_argument("--prompt-len", type=int, default=32, help="random prompt tokens per request")
+    engine.add_argument("--new-tokens", type=int, default=64, help="tokens decoded per request (EOS ignored)")
+    engine.add_argument("--repeats", type=int, default=3, help="timed calls per cell, the best kept")
     engine.add_argument(
         "--no-compile",
         action="store_true",
         help="skip the RolloutEngine(compile=True) measurement (compiling takes time)",
     )
-    verify = sub.add_parser("verify", help="target forward cost vs draft tokens verified (k), and SD step overhead")
+
+
+def _run_engine(args: argparse.Namespace) -> int:
+    from verl_tlt.bench.engine_bench import MODELS, run
+
+    unknown = sorted(set(args.models) - set(MODELS))
+    if unknown:
+        usage_error(args, f"unknown model(s) {unknown}; choose from {sorted(MODELS)}")
+    run(
+        args.json,
+        args.models,
+        args.batch_sizes,
+        args.prompt_len,
+        args.new_tokens,
+        args.repeats,
+        args.device,
+        compile=not args.no_compile,
+    )
+    return 0
+
+
+# ----- verify ------------------------------------------------------------------------------------------------
+
+
+def _add_verify(bench: argparse._SubParsersAction) -> None:
+    verify = add_command(
+        bench, "verify", _run_verify, "target forward cost vs draft tokens verified (k), and SD step overhead"
+    )
     verify.add_argument("--json", help="write results to this path")
-    verify.add_argument("--model", choices=["qwen2-150m", "qwen2-tiny"], default="qwen2-150m")
-    verify.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32])
-    verify.add_argument("--ks", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32, 64])
-    verify.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16"], default=["float32", "bfloat16"])
-    verify.add_argument("--modes", nargs="+", choices=["chain", "tree"], default=["chain", "tree"])
-    verify.add_argument("--context-len", type=int, default=256)
-    verify.add_argument("--repeats", type=int, default=3)
+    verify.add_argument(
+        "--model", choices=["qwen2-150m", "qwen2-tiny"], default="qwen2-150m", help="random-weight Qwen2 to measure"
+    )
+    verify.add_argument(
+        "--batch-sizes", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32], help="rows verified together"
+    )
+    verify.add_argument("--ks", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32, 64], help="draft tokens verified")
+    verify.add_argument(
+        "--dtypes", nargs="+", choices=["float32", "bfloat16"], default=["float32", "bfloat16"], help="model dtypes"
+    )
+    verify.add_argument(
+        "--modes", nargs="+", choices=["chain", "tree"], default=["chain", "tree"], help="draft shapes verified"
+    )
+    verify.add_argument("--context-len", type=int, default=256, help="tokens in the cache before each verify")
+    verify.add_argument("--repeats", type=int, default=3, help="timed calls per cell, the best kept")
     verify.add_argument("--sd-steps", type=int, default=20, help="measured speculative steps for the SD overhead")
     verify.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
-    sd = sub.add_parser("sd", help="speculative vs plain decoding on the trained toy target (acceptance, speedup)")
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    import torch
+
+    from verl_tlt.bench.verify_bench import run as run_verify
+
+    if min(args.batch_sizes + args.ks + [args.context_len, args.repeats, args.sd_steps]) < 1:
+        usage_error(args, "--batch-sizes, --ks, --context-len, --repeats and --sd-steps must be >= 1")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    run_verify(
+        args.json,
+        args.model,
+        args.batch_sizes,
+        args.ks,
+        args.dtypes,
+        args.modes,
+        args.context_len,
+        args.repeats,
+        sd_steps=args.sd_steps,
+    )
+    return 0
+
+
+# ----- sd ----------------------------------------------------------------------------------------------------
+
+
+def _add_sd(bench: argparse._SubParsersAction) -> None:
+    sd = add_command(
+        bench, "sd", _run_sd, "speculative vs plain decoding on the trained toy target (acceptance, speedup)"
+    )
     sd.add_argument("--json", help="write results to this path")
     sd.add_argument("--device", default="cpu", help="torch device of target and drafter (e.g. cuda)")
     sd.add_argument(
@@ -41,9 +126,11 @@ def main(argv: list[str] | None = None) -> int:
         default=["8_4_16", "4_1_4"],
         help="depth_topk_treetokens (top-k 1 = chain); the first one gives the headline acceptance lengths",
     )
-    sd.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32, 64])
+    sd.add_argument(
+        "--batch-sizes", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32, 64], help="points of the speedup curve"
+    )
     sd.add_argument("--temperature", type=float, default=0.0, help="for the speedup curve (0 = greedy)")
-    sd.add_argument("--max-tokens", type=int, default=512)
+    sd.add_argument("--max-tokens", type=int, default=512, help="cap on each answer's tokens")
     sd.add_argument("--acceptance-prompts", type=int, default=32, help="prompts for the acceptance lengths")
     sd.add_argument("--rounds", type=int, default=4, help="batches of fresh prompts per batch size, summed")
     sd.add_argument(
@@ -62,38 +149,124 @@ def main(argv: list[str] | None = None) -> int:
         help="toy target shape (verl_tlt.toy.model.TOY_SHAPES); deep = 8 layers of width 96, trained and cached on "
         "first use",
     )
-    adaptive = sub.add_parser("adaptive", help="adaptive policy vs plain and fixed strategies on a long-tail rollout")
+
+
+def _run_sd(args: argparse.Namespace) -> int:
+    from verl_tlt.bench.sd_bench import run as run_sd
+    from verl_tlt.spec.strategy import SpecStrategy
+    from verl_tlt.toy.model import TOY_SHAPES
+
+    for strategy in args.strategies:
+        SpecStrategy.parse(strategy)
+    if args.toy_shape not in TOY_SHAPES:
+        usage_error(args, f"--toy-shape must be one of {sorted(TOY_SHAPES)}, got {args.toy_shape!r}")
+    if min(args.batch_sizes + [args.max_tokens, args.acceptance_prompts, args.rounds]) < 1:
+        usage_error(args, "--batch-sizes, --max-tokens, --acceptance-prompts and --rounds must be >= 1")
+    run_sd(
+        args.json,
+        args.strategies,
+        args.batch_sizes,
+        args.temperature,
+        args.max_tokens,
+        args.acceptance_prompts,
+        args.toy_shape,
+        args.rounds,
+        device=args.device,
+        compile=args.compile,
+        cuda_graphs=args.cuda_graphs,
+        sampling=args.sampling,
+    )
+    return 0
+
+
+# ----- adaptive ----------------------------------------------------------------------------------------------
+
+
+def _add_adaptive(bench: argparse._SubParsersAction) -> None:
+    adaptive = add_command(
+        bench, "adaptive", _run_adaptive, "adaptive policy vs plain and fixed strategies on a long-tail rollout"
+    )
     adaptive.add_argument("--json", help="write results to this path")
     adaptive.add_argument("--device", default="cpu", help="torch device of target and drafter (e.g. cuda)")
-    adaptive.add_argument("--num-requests", type=int, default=256)
+    adaptive.add_argument("--num-requests", type=int, default=256, help="prompts of the rollout, started together")
     adaptive.add_argument(
         "--max-tokens", type=int, default=1024, help="response cap (the toy world's longest solution is 937 tokens)"
     )
-    adaptive.add_argument("--repeats", type=int, default=3)
+    adaptive.add_argument("--repeats", type=int, default=3, help="timed runs per variant, the best kept")
     adaptive.add_argument("--cuda-graphs", action="store_true", help="RolloutEngine(cuda_graphs=True) (CUDA only)")
-    adaptive.add_argument("--threshold", type=int, default=None, help="override tlt.speculative.threshold")
-    adaptive.add_argument("--strategies", nargs="+", default=None, help="override tlt.speculative.strategies")
-    adaptive.add_argument("--buckets", nargs="+", type=int, default=None, help="override tlt.speculative.buckets")
-    replay = sub.add_parser(
-        "replay", help="adaptive policy vs plain and fixed strategies on a rollout replayed from recorded step costs"
+    _add_policy_overrides(adaptive, ("threshold", "strategies", "buckets"))
+
+
+def _run_adaptive(args: argparse.Namespace) -> int:
+    from verl_tlt.bench.adaptive_bench import run as run_adaptive
+
+    if min(args.num_requests, args.max_tokens, args.repeats) < 1:
+        usage_error(args, "--num-requests, --max-tokens and --repeats must be >= 1")
+    config = speculative_config(args, ("threshold", "strategies", "buckets"))
+    run_adaptive(
+        args.json,
+        args.num_requests,
+        args.max_tokens,
+        args.repeats,
+        config,
+        device=args.device,
+        cuda_graphs=args.cuda_graphs,
+    )
+    return 0
+
+
+# ----- replay ------------------------------------------------------------------------------------------------
+
+
+def _add_replay(bench: argparse._SubParsersAction) -> None:
+    replay = add_command(
+        bench,
+        "replay",
+        _run_replay,
+        "adaptive policy vs plain and fixed strategies on a rollout replayed from recorded step costs",
     )
     replay.add_argument("--json", help="write results to this path")
     replay.add_argument("--costs", help="replay this recording (from --save-costs) instead of recording one")
     replay.add_argument("--save-costs", help="write the recorded step costs to this path")
     replay.add_argument("--device", default="cpu", help="torch device to record on (e.g. cuda); replays run anywhere")
     replay.add_argument("--cuda-graphs", action="store_true", help="record with RolloutEngine(cuda_graphs=True)")
-    replay.add_argument("--num-requests", type=int, default=256)
-    replay.add_argument("--max-tokens", type=int, default=1024)
+    replay.add_argument("--num-requests", type=int, default=256, help="prompts of the recorded rollout")
+    replay.add_argument("--max-tokens", type=int, default=1024, help="cap on each answer's tokens")
     replay.add_argument("--repeats", type=int, default=2, help="recorded rollouts per strategy (plain included)")
     replay.add_argument("--seeds", type=int, default=30, help="replays per policy, averaged")
-    replay.add_argument("--threshold", type=int, default=None, help="override tlt.speculative.threshold")
-    replay.add_argument("--strategies", nargs="+", default=None, help="override tlt.speculative.strategies")
-    replay.add_argument("--epsilon", type=float, default=None, help="override tlt.speculative.epsilon")
-    replay.add_argument("--window", type=int, default=None, help="override tlt.speculative.window")
-    replay.add_argument("--buckets", nargs="+", type=int, default=None, help="override tlt.speculative.buckets")
-    drafter_replay = sub.add_parser(
+    _add_policy_overrides(replay, ("threshold", "strategies", "epsilon", "window", "buckets"))
+
+
+def _run_replay(args: argparse.Namespace) -> int:
+    from verl_tlt.bench.replay_bench import run as run_replay
+
+    if min(args.num_requests, args.max_tokens, args.repeats, args.seeds) < 1:
+        usage_error(args, "--num-requests, --max-tokens, --repeats and --seeds must be >= 1")
+    config = speculative_config(args, ("threshold", "strategies", "epsilon", "window", "buckets"))
+    run_replay(
+        args.json,
+        config,
+        costs_path=args.costs,
+        save_costs=args.save_costs,
+        num_requests=args.num_requests,
+        max_tokens=args.max_tokens,
+        repeats=args.repeats,
+        seeds=args.seeds,
+        device=args.device,
+        cuda_graphs=args.cuda_graphs,
+    )
+    return 0
+
+
+# ----- drafter-replay ----------------------------------------------------------------------------------------
+
+
+def _add_drafter_replay(bench: argparse._SubParsersAction) -> None:
+    drafter_replay = add_command(
+        bench,
         "drafter-replay",
-        help="a drafter-training recipe replayed on an RL run's recorded captures (tlt.drafter.record_dir)",
+        _run_drafter_replay,
+        "a drafter-training recipe replayed on an RL run's recorded captures (tlt.drafter.record_dir)",
     )
     drafter_replay.add_argument("--record", required=True, help="the run's tlt.drafter.record_dir")
     drafter_replay.add_argument("--json", help="write results to this path")
@@ -115,146 +288,70 @@ def main(argv: list[str] | None = None) -> int:
     drafter_replay.add_argument("--batch-tokens", type=int, help="tlt.drafter.max_tokens_per_batch")
     drafter_replay.add_argument("--buffer-tokens", type=int, help="tlt.drafter.buffer_tokens")
     drafter_replay.add_argument("--train-depth", type=int, help="tlt.drafter.train_depth")
-    drafter_replay.add_argument("--hidden-loss-weight", type=float)
-    drafter_replay.add_argument("--logit-loss-weight", type=float)
+    drafter_replay.add_argument("--hidden-loss-weight", type=float, help="DrafterTrainConfig.hidden_loss_weight")
+    drafter_replay.add_argument("--logit-loss-weight", type=float, help="DrafterTrainConfig.logit_loss_weight")
     drafter_replay.add_argument("--threads", type=int, default=1, help="torch threads (a drafter worker uses 1)")
-    args = parser.parse_args(argv)
-    if args.name == "drafter-replay":
-        from verl_tlt.bench.drafter_replay import run as run_drafter_replay
-        from verl_tlt.config import DrafterConfig
-        from verl_tlt.drafter.trainer import DrafterTrainConfig
 
-        if min(args.steps_per_rl_step) < 0 or args.threads < 1:
-            parser.error("--steps-per-rl-step must be >= 0 and --threads >= 1")
-        drafter_defaults, train_defaults = DrafterConfig(), DrafterTrainConfig()
-        try:
-            train_config = DrafterTrainConfig(
-                lr=_or(args.lr, drafter_defaults.lr),
-                max_tokens_per_batch=_or(args.batch_tokens, drafter_defaults.max_tokens_per_batch),
-                hidden_loss_weight=_or(args.hidden_loss_weight, train_defaults.hidden_loss_weight),
-                logit_loss_weight=_or(args.logit_loss_weight, train_defaults.logit_loss_weight),
-                train_depth=_or(args.train_depth, drafter_defaults.train_depth),
-            )
-        except ValueError as error:
-            parser.error(str(error))
-        target, drafter = args.target, args.drafter
-        if target is None or drafter is None:
-            from verl_tlt.toy.drafter import ensure_toy_drafter
-            from verl_tlt.toy.sft import DRIFTING_COMPACT_SHARE, ensure_toy_target
 
-            target = target or str(ensure_toy_target(compact_share=DRIFTING_COMPACT_SHARE))
-            drafter = drafter or str(ensure_toy_drafter(compact_share=DRIFTING_COMPACT_SHARE))
-        try:
-            run_drafter_replay(
-                args.json,
-                args.record,
-                target,
-                drafter,
-                train_config,
-                args.steps_per_rl_step,
-                buffer_tokens=_or(args.buffer_tokens, drafter_defaults.buffer_tokens),
-                threads=args.threads,
-            )
-        except (FileNotFoundError, ValueError) as error:  # no recording, an unreadable one, or a wrong budget list
-            parser.error(str(error))
-    elif args.name == "replay":
-        from verl_tlt.bench.replay_bench import run as run_replay
+def _run_drafter_replay(args: argparse.Namespace) -> int:
+    from verl_tlt.bench.drafter_replay import run as run_drafter_replay
+    from verl_tlt.config import DrafterConfig
+    from verl_tlt.drafter.trainer import DrafterTrainConfig
 
-        if min(args.num_requests, args.max_tokens, args.repeats, args.seeds) < 1:
-            parser.error("--num-requests, --max-tokens, --repeats and --seeds must be >= 1")
-        config = speculative_config(parser, args, ("threshold", "strategies", "epsilon", "window", "buckets"))
-        run_replay(
-            args.json,
-            config,
-            costs_path=args.costs,
-            save_costs=args.save_costs,
-            num_requests=args.num_requests,
-            max_tokens=args.max_tokens,
-            repeats=args.repeats,
-            seeds=args.seeds,
-            device=args.device,
-            cuda_graphs=args.cuda_graphs,
+    if min(args.steps_per_rl_step) < 0 or args.threads < 1:
+        usage_error(args, "--steps-per-rl-step must be >= 0 and --threads >= 1")
+    drafter_defaults, train_defaults = DrafterConfig(), DrafterTrainConfig()
+    try:
+        train_config = DrafterTrainConfig(
+            lr=_or(args.lr, drafter_defaults.lr),
+            max_tokens_per_batch=_or(args.batch_tokens, drafter_defaults.max_tokens_per_batch),
+            hidden_loss_weight=_or(args.hidden_loss_weight, train_defaults.hidden_loss_weight),
+            logit_loss_weight=_or(args.logit_loss_weight, train_defaults.logit_loss_weight),
+            train_depth=_or(args.train_depth, drafter_defaults.train_depth),
         )
-    elif args.name == "adaptive":
-        from verl_tlt.bench.adaptive_bench import run as run_adaptive
+    except ValueError as error:
+        usage_error(args, str(error))
+    target, drafter = args.target, args.drafter
+    if target is None or drafter is None:
+        from verl_tlt.toy.drafter import ensure_toy_drafter
+        from verl_tlt.toy.sft import DRIFTING_COMPACT_SHARE, ensure_toy_target
 
-        if min(args.num_requests, args.max_tokens, args.repeats) < 1:
-            parser.error("--num-requests, --max-tokens and --repeats must be >= 1")
-        config = speculative_config(parser, args, ("threshold", "strategies", "buckets"))
-        run_adaptive(
+        target = target or str(ensure_toy_target(compact_share=DRIFTING_COMPACT_SHARE))
+        drafter = drafter or str(ensure_toy_drafter(compact_share=DRIFTING_COMPACT_SHARE))
+    try:
+        run_drafter_replay(
             args.json,
-            args.num_requests,
-            args.max_tokens,
-            args.repeats,
-            config,
-            device=args.device,
-            cuda_graphs=args.cuda_graphs,
+            args.record,
+            target,
+            drafter,
+            train_config,
+            args.steps_per_rl_step,
+            buffer_tokens=_or(args.buffer_tokens, drafter_defaults.buffer_tokens),
+            threads=args.threads,
         )
-    elif args.name == "sd":
-        from verl_tlt.bench.sd_bench import run as run_sd
-        from verl_tlt.spec.strategy import SpecStrategy
-        from verl_tlt.toy.model import TOY_SHAPES
-
-        for strategy in args.strategies:
-            SpecStrategy.parse(strategy)
-        if args.toy_shape not in TOY_SHAPES:
-            parser.error(f"--toy-shape must be one of {sorted(TOY_SHAPES)}, got {args.toy_shape!r}")
-        if min(args.batch_sizes + [args.max_tokens, args.acceptance_prompts, args.rounds]) < 1:
-            parser.error("--batch-sizes, --max-tokens, --acceptance-prompts and --rounds must be >= 1")
-        run_sd(
-            args.json,
-            args.strategies,
-            args.batch_sizes,
-            args.temperature,
-            args.max_tokens,
-            args.acceptance_prompts,
-            args.toy_shape,
-            args.rounds,
-            device=args.device,
-            compile=args.compile,
-            cuda_graphs=args.cuda_graphs,
-            sampling=args.sampling,
-        )
-    elif args.name == "engine":
-        from verl_tlt.bench.engine_bench import MODELS, run
-
-        unknown = sorted(set(args.models) - set(MODELS))
-        if unknown:
-            parser.error(f"unknown model(s) {unknown}; choose from {sorted(MODELS)}")
-        run(
-            args.json,
-            args.models,
-            args.batch_sizes,
-            args.prompt_len,
-            args.new_tokens,
-            args.repeats,
-            args.device,
-            compile=not args.no_compile,
-        )
-    elif args.name == "verify":
-        import torch
-
-        from verl_tlt.bench.verify_bench import run as run_verify
-
-        if min(args.batch_sizes + args.ks + [args.context_len, args.repeats, args.sd_steps]) < 1:
-            parser.error("--batch-sizes, --ks, --context-len, --repeats and --sd-steps must be >= 1")
-        if args.threads is not None:
-            torch.set_num_threads(args.threads)
-        run_verify(
-            args.json,
-            args.model,
-            args.batch_sizes,
-            args.ks,
-            args.dtypes,
-            args.modes,
-            args.context_len,
-            args.repeats,
-            sd_steps=args.sd_steps,
-        )
+    except (FileNotFoundError, ValueError) as error:  # no recording, an unreadable one, or a wrong budget list
+        usage_error(args, str(error))
     return 0
 
 
-def speculative_config(parser: argparse.ArgumentParser, args: argparse.Namespace, keys: tuple[str, ...]):
+# ----- shared ------------------------------------------------------------------------------------------------
+
+# Help of the `tlt.speculative` overrides the policy benchmarks take (only those a benchmark names are added).
+_POLICY_OVERRIDES = {
+    "threshold": dict(type=int, help="override tlt.speculative.threshold"),
+    "strategies": dict(nargs="+", help="override tlt.speculative.strategies"),
+    "epsilon": dict(type=float, help="override tlt.speculative.epsilon"),
+    "window": dict(type=int, help="override tlt.speculative.window"),
+    "buckets": dict(nargs="+", type=int, help="override tlt.speculative.buckets"),
+}
+
+
+def _add_policy_overrides(parser: argparse.ArgumentParser, keys: tuple[str, ...]) -> None:
+    for key in keys:
+        parser.add_argument(f"--{key}", default=None, **_POLICY_OVERRIDES[key])
+
+
+def speculative_config(args: argparse.Namespace, keys: tuple[str, ...]):
     """`tlt.speculative` defaults with the given command-line overrides (those not passed keep the default); a
     combination the config refuses is a usage error."""
     import dataclasses
@@ -266,7 +363,7 @@ def speculative_config(parser: argparse.ArgumentParser, args: argparse.Namespace
     try:
         return dataclasses.replace(SpeculativeConfig(), **overrides)
     except ValueError as error:
-        parser.error(str(error))
+        usage_error(args, str(error))
 
 
 def _or(value, default):

@@ -27,6 +27,7 @@ from verl_tlt.drafter.data import DrafterDataBuffer
 from verl_tlt.drafter.evaluate import evaluate_drafter
 from verl_tlt.drafter.export import drafter_from_init
 from verl_tlt.drafter.trainer import DrafterTrainConfig, DrafterTrainer
+from verl_tlt.progress import Progress
 
 # The quickstart's headline averages the last 3 steps.
 LAST_STEPS = 3
@@ -74,6 +75,7 @@ def replay(
     frozen = drafter_from_init(drafter_init, target)
     frozen.requires_grad_(False)
     trainer = DrafterTrainer(model, DrafterDataBuffer(buffer_tokens), train_config)
+    progress = Progress("bench drafter-replay", len(steps), unit="recorded steps")
     rows = []
     for record, max_steps in zip(steps, budget, strict=True):
         shared = record.shared_weights if record.shared_weights is not None else initial_shared
@@ -95,6 +97,7 @@ def replay(
             row[f"online_{metric}"], row[f"frozen_{metric}"] = online.get(metric), initial.get(metric)
             row[f"rollout_{metric}"] = in_rollout.get(metric)
         rows.append(row)
+        progress.advance(extra=f"step {record.step}, {row['train_steps']} optimizer steps")
     last = rows[-LAST_STEPS:]
     trained = [r for r in rows if r["train_steps"]]
     summary = {}

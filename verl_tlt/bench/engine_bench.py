@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from verl_tlt.progress import Progress
+
 logger = logging.getLogger(__name__)
 
 
@@ -61,10 +63,13 @@ def build_model(spec: BenchModel, path: Path):
     return model
 
 
-def time_call(fn, repeats: int) -> float:
+def time_call(fn, repeats: int, progress: Progress | None = None) -> float:
+    """Best of `repeats` timed calls after one warm-up; `progress` may report between calls, never inside one."""
     fn()  # warm-up
     best = float("inf")
     for _ in range(repeats):
+        if progress is not None:
+            progress.heartbeat()
         start = time.perf_counter()
         fn()
         best = min(best, time.perf_counter() - start)
@@ -80,6 +85,7 @@ def bench_one(
     workdir: Path,
     device: str = "cpu",
     compile: bool = True,
+    progress: Progress | None = None,
 ):
     from verl_tlt.engine import RolloutEngine, SamplingParams
 
@@ -110,7 +116,7 @@ def bench_one(
         if out.is_cuda:
             torch.cuda.synchronize()
 
-    engine_s, hf_s = time_call(run_engine, repeats), time_call(run_hf, repeats)
+    engine_s, hf_s = time_call(run_engine, repeats, progress), time_call(run_hf, repeats, progress)
     tokens = batch_size * new_tokens
     compiled = {}
     if compile:
@@ -119,7 +125,7 @@ def bench_one(
         compiled_outputs = run_engine(compiled_engine)  # the first call compiles
         warmup_s = time.perf_counter() - start
         same = [o.token_ids for o in compiled_outputs] == [o.token_ids for o in run_engine()]
-        compiled_s = time_call(lambda: run_engine(compiled_engine), repeats)
+        compiled_s = time_call(lambda: run_engine(compiled_engine), repeats, progress)
         compiled = {
             "compiled_tokens_per_s": round(tokens / compiled_s, 1),
             "compiled_speedup_vs_hf": round(hf_s / compiled_s, 3),
@@ -150,11 +156,14 @@ def run(
     compile: bool = True,
 ) -> dict:
     rows = []
+    progress = Progress("bench engine", len(models) * len(batch_sizes), unit="model x batch size cells")
     with tempfile.TemporaryDirectory() as tmp:
         for name in models:
             for batch_size in batch_sizes:
-                row = bench_one(MODELS[name], batch_size, prompt_len, new_tokens, repeats, Path(tmp), device, compile)
+                spec = MODELS[name]
+                row = bench_one(spec, batch_size, prompt_len, new_tokens, repeats, Path(tmp), device, compile, progress)
                 rows.append(row)
+                progress.advance(extra=f"{name} bs={batch_size} done")
                 line = (
                     f"{row['model']:>10} bs={row['batch_size']:>3}: engine {row['tokens_per_s']:>8.1f} tok/s, "
                     f"HF generate {row['hf_tokens_per_s']:>8.1f} tok/s, speedup {row['speedup_vs_hf']:.2f}x"

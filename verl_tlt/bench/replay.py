@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from verl_tlt.config import SpeculativeConfig
+from verl_tlt.progress import Progress
 from verl_tlt.spec.strategy import SpecStrategy
 
 PLAIN = "plain"
@@ -137,15 +138,23 @@ def replay(policy, costs: StepCosts, rng: random.Random) -> float:
     return seconds_total
 
 
-def expected_seconds(make_policy: Callable[[int], object], costs: StepCosts, seeds: int, warm: bool = False) -> float:
+def expected_seconds(
+    make_policy: Callable[[int], object],
+    costs: StepCosts,
+    seeds: int,
+    warm: bool = False,
+    progress: Progress | None = None,
+) -> float:
     """Mean replayed seconds over `seeds` seeds (policy seed = draw seed); warm: the policy first replays one
-    rollout to learn from, as the previous RL step would give it."""
+    rollout to learn from, as the previous RL step would give it. `progress` advances by one per seed."""
     times = []
     for seed in range(seeds):
         rng, policy = random.Random(seed), make_policy(seed)
         if warm:
             replay(policy, costs, rng)
         times.append(replay(policy, costs, rng))
+        if progress is not None:
+            progress.advance()
     return statistics.fmean(times)
 
 
@@ -157,20 +166,21 @@ class _Plain:
         pass
 
 
-def compare(config: SpeculativeConfig, costs: StepCosts, seeds: int) -> dict:
+def compare(config: SpeculativeConfig, costs: StepCosts, seeds: int, progress: Progress | None = None) -> dict:
     """Plain, each fixed strategy below the threshold, and the adaptive policy (cold and warm) on the replay:
-    expected seconds and the ratios `bench adaptive` reports."""
+    expected seconds and the ratios `bench adaptive` reports. `progress` advances by one per replayed seed, of
+    seeds x (len(config.strategies) + 3) in all."""
     from verl_tlt.engine.adaptive import AdaptivePolicy
 
     def adaptive(seed: int) -> AdaptivePolicy:
         return AdaptivePolicy(SpeculativeConfig(**{**config.__dict__, "seed": seed}))
 
-    seconds = {PLAIN: expected_seconds(lambda _: _Plain(), costs, seeds)}
+    seconds = {PLAIN: expected_seconds(lambda _: _Plain(), costs, seeds, progress=progress)}
     for strategy in config.strategies:
         fixed = lambda _, strategy=strategy: FixedBelowThreshold(strategy, config.threshold)  # noqa: E731
-        seconds[strategy] = expected_seconds(fixed, costs, seeds)
-    seconds["adaptive_cold"] = expected_seconds(adaptive, costs, seeds)
-    seconds["adaptive"] = expected_seconds(adaptive, costs, seeds, warm=True)
+        seconds[strategy] = expected_seconds(fixed, costs, seeds, progress=progress)
+    seconds["adaptive_cold"] = expected_seconds(adaptive, costs, seeds, progress=progress)
+    seconds["adaptive"] = expected_seconds(adaptive, costs, seeds, warm=True, progress=progress)
     best_fixed = min(config.strategies, key=lambda strategy: seconds[strategy])
     return {
         "seconds": {name: round(value, 4) for name, value in seconds.items()},

@@ -18,6 +18,7 @@ from verl_tlt.bench.replay import PLAIN, FixedBelowThreshold, StepCosts, compare
 from verl_tlt.config import SpeculativeConfig
 from verl_tlt.engine import RolloutEngine
 from verl_tlt.engine.decode_stats import DecodeStats
+from verl_tlt.progress import Progress
 
 
 def record_step_costs(engine: RolloutEngine, prompts, params, strategies, threshold: int, repeats: int) -> StepCosts:
@@ -26,12 +27,13 @@ def record_step_costs(engine: RolloutEngine, prompts, params, strategies, thresh
 
     The first speculative step of a run catches the drafter up on every token it has not seen (prompts and plainly
     decoded tokens); it is kept out of the step costs, and its excess over the strategy's median step at that batch
-    size, per token caught up, gives the catch-up cost.
+    size, per token caught up, gives the catch-up cost. Progress is reported between steps, outside their timing.
     """
     steps: dict[str, dict[int, list[tuple[float, float]]]] = {}
     catch_ups: list[tuple[str, int, float, int]] = []  # (strategy, batch size, seconds, tokens caught up)
     original = engine._decode_step
     last = [PLAIN]  # what the previous decode step of this run did
+    progress = Progress("bench replay, recording step costs", repeats * (1 + len(strategies)), unit="rollouts")
 
     def recording_step(forced):
         batch_size = len(engine.running)
@@ -47,6 +49,7 @@ def record_step_costs(engine: RolloutEngine, prompts, params, strategies, thresh
         else:
             steps.setdefault(name, {}).setdefault(batch_size, []).append((committed / batch_size, seconds))
         last[0] = name
+        progress.heartbeat()
 
     policies = [None] + [FixedBelowThreshold(strategy, threshold) for strategy in strategies]
     engine._decode_step = recording_step
@@ -59,6 +62,7 @@ def record_step_costs(engine: RolloutEngine, prompts, params, strategies, thresh
                 outputs = engine.generate(prompts, params)
                 if engine.drafter_error is not None:  # its steps were recorded as plain ones: no recording
                     raise RuntimeError(f"the drafter failed while recording step costs: {engine.drafter_error}")
+                progress.advance(extra="plain" if policy is None else policy.strategy.name)
     finally:
         engine.policy = None
         del engine._decode_step
@@ -111,7 +115,7 @@ def run(
         "seeds": seeds,
         "policy": {k: list(v) if isinstance(v, tuple) else v for k, v in config.__dict__.items()},
         "catch_up_us_per_token": round(1e6 * costs.catch_up_s_per_token, 3),
-        **compare(config, costs, seeds),
+        **compare(config, costs, seeds, Progress("bench replay, replays", seeds * (len(config.strategies) + 3))),
     }
     for strategy, ratio in result["fixed_vs_plain"].items():
         print(f"{strategy:>10}: {ratio:.3f}x plain (replayed)", flush=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from verl_tlt.engine import CompletionOutput, RolloutEngine, SamplingParams
+from verl_tlt.progress import Progress
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 PROBLEM_SEED = 777  # different from the drafter's warm-up problems
@@ -36,11 +37,12 @@ def timed_generate(engine: RolloutEngine, prompts, params, strategy) -> tuple[li
     return outputs, time.perf_counter() - start
 
 
-def bench_batch(engine, rounds: list[list[list[int]]], params, strategy) -> dict:
+def bench_batch(engine, rounds: list[list[list[int]]], params, strategy, progress: Progress | None = None) -> dict:
     """Plain vs speculative decoding of `rounds` (each a batch of prompts), the two taking turns round by round.
 
     Tokens and seconds are summed over the rounds: one short batch is over in milliseconds, so several rounds of
-    fresh prompts make the ratio less hostage to one answer's length and to a single slow moment.
+    fresh prompts make the ratio less hostage to one answer's length and to a single slow moment. `progress` advances
+    by one after each round, between the timed calls.
     """
     plain_tokens = spec_tokens = 0
     plain_s = spec_s = 0.0
@@ -56,6 +58,8 @@ def bench_batch(engine, rounds: list[list[list[int]]], params, strategy) -> dict
         spec_tokens += sum(len(o.token_ids) for o in spec)
         identical &= [o.token_ids for o in plain] == [o.token_ids for o in spec]
         spec_outputs += spec
+        if progress is not None:
+            progress.advance(extra=f"{strategy} bs={len(prompts)}")
     row = {
         "batch_size": len(rounds[0]),
         "rounds": len(rounds),
@@ -104,19 +108,22 @@ def run(
         # Dynamo recompiles on first meeting some shape relations (batch vs cache rows, KV length at the cache's end);
         # one untimed pass over every batch size and strategy keeps those compiles (and the CUDA-graph captures) out
         # of the timed runs.
+        warm_up = Progress("bench sd, compile warm-up", len(batch_sizes) * (1 + len(strategies)), unit="passes")
         for batch_size in batch_sizes:
             engine.max_num_seqs = batch_size
             for strategy in (None, *strategies):
                 engine.generate(prompts[:batch_size], params, strategy=strategy)
+                warm_up.advance()
     acceptance = {
         strategy: measure_acceptance(engine, prompts[:acceptance_prompts], strategy, max_tokens)
         for strategy in strategies
     }
     rows = []
+    curve = Progress("bench sd, speedup curve", len(strategies) * len(batch_sizes) * rounds, unit="rounds")
     for strategy in strategies:
         for batch_size in batch_sizes:
             batches = [prompts[r * batch_size : (r + 1) * batch_size] for r in range(rounds)]
-            row = {"strategy": strategy, **bench_batch(engine, batches, params, strategy)}
+            row = {"strategy": strategy, **bench_batch(engine, batches, params, strategy, curve)}
             rows.append(row)
             print(
                 f"{strategy:>7} bs={batch_size:>3}: plain {row['plain_tokens_per_s']:>8.1f} tok/s, SD "
@@ -158,6 +165,8 @@ def measure_acceptance(engine: RolloutEngine, prompts, strategy: str, max_tokens
     engine.max_num_seqs = 1
     for name, temperature in (("greedy", 0.0), ("t1", 1.0)):
         params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
-        result[name] = round(acceptance_length(engine.generate(prompts, params, strategy=strategy)), 3)
+        progress = Progress(f"bench sd, acceptance {strategy} {name}", len(prompts), unit="answers")
+        outputs = engine.generate(prompts, params, strategy=strategy, progress=progress)  # untimed: only acceptance
+        result[name] = round(acceptance_length(outputs), 3)
         print(f"acceptance length ({name}, batch 1, {strategy}): {result[name]:.2f}", flush=True)
     return result

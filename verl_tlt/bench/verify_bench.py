@@ -35,6 +35,7 @@ from verl_tlt.bench.engine_bench import BenchModel, build_model, time_call
 from verl_tlt.engine import RolloutEngine, SamplingParams
 from verl_tlt.engine.drafter import DraftContext, Drafter
 from verl_tlt.engine.speculative import tree_forward_layout
+from verl_tlt.progress import Progress
 from verl_tlt.spec.tree import DraftTree
 
 MODELS = {
@@ -101,7 +102,9 @@ def params_m(engine: RolloutEngine) -> float:
 # ----- verify cost -----------------------------------------------------------------------------------------
 
 
-def time_verify(engine: RolloutEngine, tree: DraftTree, cache_len: int, repeats: int) -> float:
+def time_verify(
+    engine: RolloutEngine, tree: DraftTree, cache_len: int, repeats: int, progress: Progress | None = None
+) -> float:
     """Best-of-`repeats` seconds for one target forward (+ logits at every node) verifying `tree`."""
     batch_size = tree.tokens.shape[0]
     lens = torch.full((batch_size,), cache_len, dtype=torch.long)
@@ -113,7 +116,7 @@ def time_verify(engine: RolloutEngine, tree: DraftTree, cache_len: int, repeats:
         engine.model.logits(hidden)
 
     with torch.inference_mode():
-        return time_call(verify, repeats)
+        return time_call(verify, repeats, progress)
 
 
 def bench_dtype(
@@ -124,6 +127,7 @@ def bench_dtype(
     ks: list[int],
     context_len: int,
     repeats: int,
+    progress: Progress | None = None,
 ) -> list[dict]:
     """Rows for one dtype: every (batch_size, mode, k), cost relative to k=1 (always measured first)."""
     generator = torch.Generator().manual_seed(2)
@@ -134,9 +138,10 @@ def bench_dtype(
         for mode in modes:
             base = None
             for k in sorted(set(ks) | {1}):
-                seconds = time_verify(
-                    engine, make_tree(mode, batch_size, k, vocab_size, generator), context_len, repeats
-                )
+                tree = make_tree(mode, batch_size, k, vocab_size, generator)
+                seconds = time_verify(engine, tree, context_len, repeats, progress)
+                if progress is not None:
+                    progress.advance(extra=f"{dtype_name} {mode} bs={batch_size} k={k}")
                 base = seconds if k == 1 else base
                 if k not in ks:
                     continue
@@ -270,12 +275,13 @@ def verify_rows(
     modes: list[str],
     context_len: int,
     repeats: int,
+    progress: Progress | None = None,
 ) -> list[dict]:
     """Verify-cost rows for every dtype, one engine per dtype (its cache holds max(batch_sizes) rows)."""
     rows = []
     for dtype_name in dtypes:
         engine = load_engine(checkpoint, DTYPES[dtype_name], max(batch_sizes))
-        rows += bench_dtype(engine, dtype_name, modes, batch_sizes, ks, context_len, repeats)
+        rows += bench_dtype(engine, dtype_name, modes, batch_sizes, ks, context_len, repeats, progress)
         del engine
     return rows
 
@@ -299,10 +305,13 @@ def run(
         build_model(spec, checkpoint)  # saved to disk; the transformers model itself is not needed
         size_m = params_m(load_engine(checkpoint, torch.float32, 1))
         print(f"model {spec.name}: {size_m}M parameters, {torch.get_num_threads()} torch threads", flush=True)
-        rows = verify_rows(checkpoint, batch_sizes, ks, dtypes, modes, context_len, repeats)
+        cells = len(dtypes) * len(batch_sizes) * len(modes) * len(set(ks) | {1}) + len(SD_STRATEGIES)
+        progress = Progress("bench verify", cells, unit="measurements")
+        rows = verify_rows(checkpoint, batch_sizes, ks, dtypes, modes, context_len, repeats, progress)
         sd = []
         for strategy in SD_STRATEGIES:
             sd.append(bench_sd_overhead(checkpoint, strategy, context_len, sd_steps, sd_warmup))
+            progress.advance(extra=f"SD step overhead {strategy}")
             print_sd(sd[-1])
     worst = max(sd, key=lambda entry: entry["overhead_fraction"])
     result = {

@@ -28,6 +28,7 @@ from verl_tlt.drafter.data import DrafterDataBuffer, PackedBatch
 from verl_tlt.drafter.evaluate import estimated_acceptance_length
 from verl_tlt.drafter.model import EagleDrafterModel
 from verl_tlt.drafter.unroll import unrolled_forward
+from verl_tlt.progress import Progress
 
 logger = logging.getLogger(__name__)
 
@@ -104,10 +105,12 @@ class DrafterTrainer:
         stop: threading.Event | None = None,
         max_steps: int | None = None,
         deadline: float | None = None,
+        progress: Progress | None = None,
     ) -> TrainReport:
         """Run optimizer steps until max_steps, `stop` is set, time.monotonic() passes deadline, or no data.
 
         The checks happen before every step, so once told to stop this returns within one step's time.
+        progress: told the optimizer steps taken after every step, with the last step's loss (long offline runs).
         """
         report, start = TrainReport(), time.monotonic()
         while True:
@@ -131,6 +134,8 @@ class DrafterTrainer:
             report.last_metrics = metrics
             report.steps += 1
             report.tokens += batch.num_pairs
+            if progress is not None:
+                progress.update(report.steps, lambda: _progress_extra(report))
         report.seconds = time.monotonic() - start
         if report.skipped_steps:
             logger.warning(
@@ -263,6 +268,12 @@ class DrafterTrainer:
         except Exception as error:  # corrupt file or a drafter of another shape
             self.load_state_dict(backup)  # a half-applied state (strict loads copy what fits) is undone
             raise ValueError(f"Cannot load drafter trainer checkpoint {path}: {error}") from error
+
+
+def _progress_extra(report: TrainReport) -> str:
+    metrics = report.last_metrics
+    shown = [f"{key} {metrics[key]:.4f}" for key in ("loss", "top1_accuracy") if key in metrics]
+    return ", ".join(shown + [f"{report.tokens} tokens"])
 
 
 def drafter_forward(model: EagleDrafterModel, batch: PackedBatch, input_hidden: torch.Tensor) -> torch.Tensor:

@@ -30,6 +30,7 @@ from verl_tlt.engine.sampling_params import LOGPROBS_MODES, SamplingParams
 from verl_tlt.engine.speculative import accepted_path_moves, draft_trees, tree_forward_layout
 from verl_tlt.modeling.model import AttentionBatch, CausalLM
 from verl_tlt.modeling.weights import load_pretrained, load_weights, read_eos_token_ids
+from verl_tlt.progress import Progress
 from verl_tlt.spec.keyed_noise import gumbel_noise, request_key
 from verl_tlt.spec.logits import LogitsParams, token_log_probs
 from verl_tlt.spec.strategy import SpecStrategy
@@ -247,10 +248,13 @@ class RolloutEngine:
         prompts: Sequence[Sequence[int]],
         params: SamplingParams | Sequence[SamplingParams],
         strategy: SpecStrategy | str | None = None,
+        progress: Progress | None = None,
     ) -> list[CompletionOutput]:
         """Generate completions for a list of token-id prompts; outputs are in prompt order.
 
         strategy: speculative strategy for every decode step (needs a drafter), or None for plain decoding.
+        progress: told the number of finished requests after every step (for long untimed generations; a timed
+        call leaves it out).
         """
         spec = self._check_strategy(strategy)
         params_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
@@ -263,6 +267,8 @@ class RolloutEngine:
         while len(done) < len(ids):
             for output in self.step(spec):
                 done[output.request_id] = output
+            if progress is not None:
+                progress.update(len(done))
         return [done[i] for i in ids]
 
     # ----- weights -----------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import json
 import logging
 from pathlib import Path
 
+from verl_tlt.commands import add_command
 from verl_tlt.engine.decode_stats import ms_per_token_by_batch
 from verl_tlt.integrations.verl.request_seeds import SLOT_AGENT_LOOP
 from verl_tlt.quickstart.summary import format_decode_costs, format_table, headline, read_trace, step_rows
@@ -193,8 +194,21 @@ def run_comparison(args: argparse.Namespace) -> dict:
     }
 
 
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Adds `quickstart` to the `verl-tlt` command tree."""
+    one_line = "the CPU quickstart: toy GRPO without TLT, with TLT, and with TLT but a frozen drafter, compared"
+    add_arguments(add_command(subparsers, "quickstart", run, one_line, description=__doc__.split("\n\n")[0]))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="verl-tlt quickstart", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[quickstart] %(message)s")
+    return run(args)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="outputs/quickstart", help="output directory (summary.json, plot, logs)")
     parser.add_argument(
         "--cache",
@@ -207,8 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=15, help="GRPO steps per run")
     parser.add_argument("--batch-size", type=int, default=16, help="prompts per step")
     parser.add_argument("--group-size", type=int, default=8, help="GRPO samples per prompt (rollout.n)")
-    parser.add_argument("--max-response-length", type=int, default=256)
-    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--max-response-length", type=int, default=256, help="data.max_response_length")
+    parser.add_argument("--lr", type=float, default=5e-4, help="the actor's learning rate")
     parser.add_argument("--replicas", type=int, default=2, help="rollout replicas (one CPU core each)")
     parser.add_argument("--timeout", type=float, default=1200, help="hard limit per verl job, seconds")
     parser.add_argument("--no-plot", action="store_true", help="skip comparison.png (no matplotlib needed)")
@@ -226,9 +240,9 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="extra verl/tlt overrides for every run, after the quickstart's own (e.g. tlt.drafter.lr=3e-3)",
     )
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="[quickstart] %(message)s")
 
+
+def run(args: argparse.Namespace) -> int:
     summary = run_comparison(args)
     out = Path(args.out)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))

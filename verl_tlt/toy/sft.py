@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
+from verl_tlt.progress import Progress
 from verl_tlt.toy.cache import build_once, default_cache_root
 from verl_tlt.toy.model import build_tiny_model, shape_kwargs
 from verl_tlt.toy.task import (
@@ -216,13 +217,17 @@ def train_steps(
     recipe: SFTRecipe,
     log_every: int = 50,
 ) -> dict[str, Any]:
-    """Run `num_steps` optimizer steps in place; returns statistics (loss per log interval, tokens/s)."""
+    """Run `num_steps` optimizer steps in place; returns statistics (loss per log interval, tokens/s).
+
+    Reports progress (loss of the current interval, lr, tokens/s) through `verl_tlt.progress`.
+    """
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=recipe.lr, betas=recipe.betas, weight_decay=recipe.weight_decay
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, num_steps, recipe))
     stream = batch_stream(tokenizer, seed, recipe)
     model.train()
+    progress = Progress("toy SFT", num_steps)
     start = time.perf_counter()
     losses: list[dict[str, float]] = []
     interval_loss, interval_steps, tokens, padded_tokens = 0.0, 0, 0, 0
@@ -237,18 +242,11 @@ def train_steps(
         interval_loss, interval_steps = interval_loss + loss.item(), interval_steps + 1
         tokens += int((input_ids != tokenizer.pad_token_id).sum())
         padded_tokens += input_ids.numel()
+        rate = tokens / (time.perf_counter() - start)
+        extra = f"loss {interval_loss / interval_steps:.4f}, lr {scheduler.get_last_lr()[0]:.2e}, {rate:.0f} tokens/s"
+        progress.update(step + 1, extra)
         if (step + 1) % log_every == 0 or step + 1 == num_steps:
-            elapsed = time.perf_counter() - start
             losses.append({"step": step + 1, "loss": interval_loss / interval_steps})
-            logger.info(
-                "toy SFT step %d/%d  loss %.4f  lr %.2e  %.0f tokens/s  %.0f s",
-                step + 1,
-                num_steps,
-                interval_loss / interval_steps,
-                scheduler.get_last_lr()[0],
-                tokens / elapsed,
-                elapsed,
-            )
             interval_loss, interval_steps = 0.0, 0
     model.eval()
     wall_s = time.perf_counter() - start
@@ -405,8 +403,8 @@ def evaluate_toy_target(
     sample_params = [
         SamplingParams(temperature=temperature, max_tokens=n, seed=seed * 1_000 + i) for i, n in enumerate(budgets)
     ]
-    greedy = _generate(engine, tokenizer, problems, prompts, greedy_params)
-    sampled = _generate(engine, tokenizer, problems, prompts, sample_params)
+    greedy = _generate(engine, tokenizer, problems, prompts, greedy_params, "greedy")
+    sampled = _generate(engine, tokenizer, problems, prompts, sample_params, f"T={temperature:g}")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     entropies = sequence_entropies(model, prompts, [s["token_ids"] for s in sampled], temperature)
     return {
@@ -427,9 +425,11 @@ def _generate(
     problems: Sequence[Problem],
     prompts: Sequence[list[int]],
     params: Sequence[Any],
+    label: str,
 ) -> list[dict[str, Any]]:
     """Generate one response per problem and score it."""
-    outputs = engine.generate(prompts, params)
+    progress = Progress(f"toy target eval, {label} answers", len(prompts), unit="answers")
+    outputs = engine.generate(prompts, params, progress=progress)
     results = []
     for problem, output in zip(problems, outputs, strict=True):
         text = tokenizer.decode(output.token_ids, skip_special_tokens=True)

@@ -4,22 +4,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
+
+from verl_tlt.commands import add_command, add_group, run_alone, usage_error
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="verl-tlt drafter")
-    sub = parser.add_subparsers(dest="name", required=True)
-    warmup = sub.add_parser("warmup", help="generate with the target, record hidden states, train a drafter")
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Adds `drafter` and its subcommands to the `verl-tlt` command tree."""
+    drafter = add_group(subparsers, "drafter", "the EAGLE drafter: warm it up offline before RL")
+    warmup = add_command(
+        drafter, "warmup", _warmup, "generate with the target, record hidden states, train a drafter and export it"
+    )
     warmup.add_argument("--target", required=True, help="target model directory (transformers checkpoint)")
     warmup.add_argument("--prompts", required=True, help="verl RL parquet with a chat-message prompt column")
     warmup.add_argument("--out", required=True, help="where to write the drafter (EAGLE layout)")
-    warmup.add_argument("--prompt-key", default="prompt")
-    warmup.add_argument("--num-prompts", type=int, default=256)
+    warmup.add_argument("--prompt-key", default="prompt", help="the parquet's prompt column")
+    warmup.add_argument("--num-prompts", type=int, default=256, help="prompts read from the parquet (its first ones)")
     warmup.add_argument("--steps", type=int, default=1000, help="optimizer steps (upper bound)")
     warmup.add_argument("--seconds", type=float, default=None, help="stop training after this many seconds")
     warmup.add_argument("--temperature", type=float, nargs="+", default=[1.0], help="one or more sampling temperatures")
-    warmup.add_argument("--max-tokens", type=int, default=512)
+    warmup.add_argument("--max-tokens", type=int, default=512, help="cap on each answer's tokens")
     warmup.add_argument("--init-from", default=None, help="start from an exported drafter instead of the target")
     warmup.add_argument(
         "--train-depth",
@@ -28,10 +31,16 @@ def main(argv: list[str] | None = None) -> int:
         help="train on the drafter's own chain to this depth (DrafterTrainConfig.train_depth; 1 = target features "
         "only); deeper drafts of a chain improve, each step costs about one more forward-backward per depth",
     )
-    warmup.add_argument("--seed", type=int, default=0)
+    warmup.add_argument("--seed", type=int, default=0, help="seed of sampling and training")
     warmup.add_argument("--json", default=None, help="write the report here")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`verl-tlt drafter ARGV...`."""
+    return run_alone(register, "drafter", argv)
+
+
+def _warmup(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from verl_tlt.drafter.trainer import DrafterTrainConfig
@@ -40,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = DrafterTrainConfig(seed=args.seed, train_depth=args.train_depth)
     except ValueError as error:
-        parser.error(f"--train-depth {args.train_depth}: {error}")
+        usage_error(args, f"--train-depth {args.train_depth}: {error}")
 
     prompts = prompts_from_parquet(args.prompts, args.target, args.prompt_key, args.num_prompts)
     report = warmup_drafter(

@@ -20,6 +20,7 @@ from verl_tlt.drafter.model import EagleDrafterModel
 from verl_tlt.drafter.trainer import DrafterTrainConfig, DrafterTrainer
 from verl_tlt.engine import RolloutEngine, SamplingParams
 from verl_tlt.modeling.model import sequence_hidden_states
+from verl_tlt.progress import Progress
 
 logger = logging.getLogger(__name__)
 
@@ -40,12 +41,16 @@ def collect_samples(
     engine: RolloutEngine, prompts: list[list[int]], params: SamplingParams, step: int = 0
 ) -> list[DrafterSample]:
     """Generate answers with the target and pair every token with the target's final hidden state."""
+    what = f"drafter warm-up, T={params.temperature:g}"
+    outputs = engine.generate(prompts, params, progress=Progress(f"{what} answers", len(prompts), unit="answers"))
+    recorded = Progress(f"{what} hidden states", len(prompts), unit="answers")
     samples = []
-    for prompt, output in zip(prompts, engine.generate(prompts, params), strict=True):
+    for prompt, output in zip(prompts, outputs, strict=True):
         ids = prompt + output.token_ids
         hidden = sequence_hidden_states(engine.model, ids)
         response = torch.arange(len(ids)) >= len(prompt)
         samples.append(DrafterSample(torch.tensor(ids), hidden, response, step))
+        recorded.advance()
     return samples
 
 
@@ -90,7 +95,8 @@ def warmup_drafter(
     buffer.add(samples)
     trainer = DrafterTrainer(model, buffer, config or DrafterTrainConfig(seed=seed))
     deadline = time.monotonic() + max_seconds if max_seconds else None
-    report = trainer.train(max_steps=num_steps, deadline=deadline)
+    progress = Progress("drafter warm-up training", num_steps, unit="optimizer steps")
+    report = trainer.train(max_steps=num_steps, deadline=deadline, progress=progress)
     logger.info("Trained %d steps in %.1f s: %s", report.steps, report.seconds, report.last_metrics)
     metadata = {"warmup_steps": report.steps, "warmup_prompts": len(prompts), "warmup_temperatures": temperatures}
     path = export_eagle(model, out_dir, metadata=metadata)
