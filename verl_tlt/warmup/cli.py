@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
         "--train-depth",
         type=int,
         default=1,
-        help="train on the drafter's own chain to this depth (DrafterTrainConfig.train_depth; 1 = target features "
+        help="train on the drafter's own chain to this depth (tlt.drafter.train_depth; 1 = target features "
         "only); deeper drafts of a chain improve, each step costs about one more forward-backward per depth",
     )
     warmup.add_argument("--seed", type=int, default=0)
@@ -34,11 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     from dataclasses import asdict
 
-    from verl_tlt.drafter.trainer import DrafterTrainConfig
+    from verl_tlt.config import DrafterConfig
     from verl_tlt.warmup.offline import prompts_from_parquet, warmup_drafter
 
     try:
-        config = DrafterTrainConfig(seed=args.seed, train_depth=args.train_depth)
+        config = DrafterConfig(train_depth=args.train_depth)
     except ValueError as error:
         parser.error(f"--train-depth {args.train_depth}: {error}")
 
