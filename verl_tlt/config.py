@@ -442,7 +442,7 @@ def _check_value(tp: Any, value: Any, path: str, f: dataclasses.Field) -> Any:
     if ok:
         return normalised
     raise ValueError(
-        f"{path} must be {type_name(tp)}, got {value!r} ({type(value).__name__}); TLT does not coerce "
+        f"{path} must be {type_name(tp)}, got {value!r} ({type(value).__name__}); verl-tlt does not coerce "
         f"config values, so that a typo cannot silently change behaviour. "
         f"Fix: {_fix_hint(tp, path, field_default(f))}."
     )
