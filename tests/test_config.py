@@ -1,9 +1,14 @@
-"""TLTConfig: defaults, validation messages, and sync with the YAML files and the docs table."""
+"""TLTConfig: defaults, validation messages, and sync with the YAML files and the docs tables.
+
+The YAML blocks and the docs tables are rendered by scripts/regen_config_docs.py, which is loaded here as a module.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -19,8 +24,6 @@ from verl_tlt.config import (
     TLTNotAvailableError,
     check_available,
     format_value,
-    iter_fields,
-    render_yaml_block,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,6 +32,19 @@ WRAPPER_YAML = HYDRA_CONF / "tlt_ppo_trainer.yaml"
 OFF_YAML = HYDRA_CONF / "tlt" / "off.yaml"
 ON_YAML = HYDRA_CONF / "tlt" / "on.yaml"
 DOCS = REPO / "docs" / "config_reference.md"
+REGEN_SCRIPT = REPO / "scripts" / "regen_config_docs.py"
+
+
+def _load_regen_script():
+    spec = importlib.util.spec_from_file_location("regen_config_docs", REGEN_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the script is executed
+    spec.loader.exec_module(module)
+    return module
+
+
+regen = _load_regen_script()
+REGENERATE = "run `python scripts/regen_config_docs.py`"
 
 
 # A TLTConfig with nested knob groups, to exercise the generic loader before real groups exist.
@@ -94,6 +110,13 @@ def test_drafter_group_rejects_values_that_would_fail_later():
         ({"poll_interval_s": 0}, "tlt.drafter.poll_interval_s must be in (0, 60.0]"),
         ({"cpu_niceness": -1}, "tlt.drafter.cpu_niceness must be in 0..19 (a process's niceness), got -1"),
         ({"cpu_niceness": 20}, "tlt.drafter.cpu_niceness must be in 0..19"),
+        ({"train_depth": 0}, "tlt.drafter.train_depth must be >= 1, got 0"),
+        ({"depth_decay": 0.0}, "tlt.drafter.depth_decay must be in (0, 1], got 0.0"),
+        ({"depth_decay": 1.5}, "tlt.drafter.depth_decay must be in (0, 1]"),
+        ({"hidden_loss_weight": -1.0}, "tlt.drafter.hidden_loss_weight must be finite and >= 0, got -1.0"),
+        ({"logit_loss_weight": float("nan")}, "tlt.drafter.logit_loss_weight must be finite and >= 0"),
+        ({"input_noise": -0.1}, "tlt.drafter.input_noise must be finite and >= 0"),
+        ({"hidden_loss_weight": 0.0, "logit_loss_weight": 0.0}, "both 0, so the drafter would learn nothing"),
     ]
     for values, message in cases:
         with pytest.raises(ValueError, match=re.escape(message)):
@@ -201,7 +224,7 @@ def test_group_that_is_not_a_mapping_is_rejected():
 
 
 def test_iter_fields_flattens_nested_groups():
-    keys = [s.key for s in iter_fields(_NestedTLTConfig)]
+    keys = [s.key for s in regen.iter_fields(_NestedTLTConfig)]
     assert keys == [
         "enabled",
         "spec.num_speculative_tokens",
@@ -213,7 +236,7 @@ def test_iter_fields_flattens_nested_groups():
 
 
 def test_render_yaml_block_nests_groups_in_verl_style():
-    text = render_yaml_block({"spec.method": "eagle"}, cls=_NestedTLTConfig)
+    text = regen.render_yaml_block({"spec.method": "eagle"}, cls=_NestedTLTConfig)
     assert "  # Speculative decoding knobs.\n  spec:\n\n    # Draft tokens per step.\n" in text
     assert "    num_speculative_tokens: 4\n" in text and "    method: eagle\n" in text
     assert OmegaConf.to_container(OmegaConf.create(text))["tlt"] == {
@@ -283,10 +306,6 @@ def test_config_module_imports_nothing_heavy():
 # ---------------------------------------------------------------- YAML <-> dataclass
 
 
-def _regenerate_hint(overrides: dict | None) -> str:
-    return "the tlt block must be exactly (verl_tlt.config.render_yaml_block()):\n" + render_yaml_block(overrides)
-
-
 @pytest.mark.parametrize(
     ("path", "overrides"),
     [(WRAPPER_YAML, None), (OFF_YAML, None), (ON_YAML, {"enabled": True})],
@@ -294,13 +313,18 @@ def _regenerate_hint(overrides: dict | None) -> str:
 )
 def test_yaml_tlt_block_matches_dataclass(path, overrides):
     text = path.read_text()
-    assert render_yaml_block(overrides) in text, f"{path.name}: {_regenerate_hint(overrides)}"
+    assert regen.render_yaml_block(overrides) in text, f"{path.name}: the tlt block is stale; {REGENERATE}"
     expected = {**TLTConfig().to_dict(), **(overrides or {})}
     loaded = OmegaConf.load(path)
     assert OmegaConf.to_container(loaded.tlt) == expected
     assert TLTConfig.from_dict(loaded.tlt) == TLTConfig.from_dict(expected)
     # The rollout side sees the same block, by interpolation.
     assert OmegaConf.to_container(loaded.actor_rollout_ref.rollout.custom) == {"tlt": "${tlt}"}
+
+
+def test_regen_script_covers_every_yaml_file_with_a_tlt_block():
+    holders = {path for path in HYDRA_CONF.rglob("*.yaml") if re.search(r"^tlt:$", path.read_text(), re.M)}
+    assert holders == set(regen.YAML_FILES)
 
 
 def test_group_files_are_global_and_only_on_selects_the_tlt_trainer():
@@ -338,28 +362,81 @@ def test_yaml_follows_verl_comment_style(path):
 # ---------------------------------------------------------------- docs <-> dataclass
 
 
-def _docs_rows() -> list[dict[str, str]]:
-    lines = DOCS.read_text().splitlines()
-    header = lines.index("| key | type | default | meaning |")
-    rows = []
-    for line in lines[header + 2 :]:
-        if not line.startswith("|"):
-            break
-        key, type_, default, meaning = (c.strip() for c in line.strip().strip("|").split("|"))
-        rows.append(
-            {
-                "key": key.strip("`"),
-                "type": type_.strip("`"),
-                "default": default.strip("`"),
-                "meaning": meaning.replace("`", ""),
-            }
-        )
-    return rows
+@pytest.mark.parametrize("name", sorted(regen.DOCS_TABLES))
+def test_docs_table_matches_its_dataclass(name):
+    cls, prefix = regen.DOCS_TABLES[name]
+    section = regen.generated_section(DOCS.read_text(), name)
+    assert section == regen.render_docs_table(cls, prefix), f"docs/config_reference.md: {name} is stale; {REGENERATE}"
 
 
-def test_docs_table_lists_exactly_the_dataclass_fields():
-    expected = [
-        {"key": f"tlt.{s.key}", "type": s.type_name, "default": format_value(s.default), "meaning": s.help}
-        for s in iter_fields()
+def test_docs_tables_cover_the_tlt_block_and_the_torch_rollout_options():
+    from verl_tlt.integrations.verl.torch_rollout_config import TorchRolloutConfig
+
+    assert {cls for cls, _ in regen.DOCS_TABLES.values()} == {TLTConfig, TorchRolloutConfig}
+
+
+def test_docs_table_has_a_row_per_leaf_key_with_type_default_and_help():
+    lines = regen.render_docs_table(_NestedTLTConfig, "tlt.").splitlines()
+    assert lines[:2] == ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+    assert [line.split(" | ")[0] for line in lines[2:]] == [
+        "| `tlt.enabled`",
+        "| `tlt.spec.num_speculative_tokens`",
+        "| `tlt.spec.temperature`",
+        "| `tlt.spec.method`",
+        "| `tlt.spec.drafter_path`",
+        "| `tlt.spec.buckets`",
     ]
-    assert _docs_rows() == expected, "update the table in docs/config_reference.md from TLTConfig"
+    # A bare | would split the cell in a markdown table.
+    assert "| `tlt.spec.drafter_path` | `str \\| None` | `null` | Drafter checkpoint. |" in lines
+
+
+# ---------------------------------------------------------------- the regen script
+
+
+def _copies(tmp_path: Path) -> tuple[dict[Path, dict], Path]:
+    yaml_files = {}
+    for path, overrides in regen.YAML_FILES.items():
+        copy = tmp_path / path.relative_to(REPO)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, copy)
+        yaml_files[copy] = overrides
+    docs = tmp_path / "config_reference.md"
+    shutil.copy(DOCS, docs)
+    return yaml_files, docs
+
+
+def test_regeneration_rewrites_only_the_generated_parts(tmp_path):
+    yaml_files, docs = _copies(tmp_path)
+    on_yaml = next(path for path in yaml_files if path.name == "on.yaml")
+    text = on_yaml.read_text()
+    # Someone else's edits outside the block, and a stale block (a changed default and comment).
+    text = text.replace("# @package _global_\n", "# @package _global_\n# An edited header line.\n", 1)
+    text = text.replace("    threshold: 32\n", "    threshold: 8\n", 1).replace(
+        "  # Turn TLT", "  # Stale: turn TLT", 1
+    )
+    text += "\n# A key added after the block.\nextra_key: 1\n"
+    on_yaml.write_text(text)
+    docs.write_text(
+        docs.read_text().replace("## Setting it", "## Setting it (edited)").replace("| `tlt.enabled` |", "| `tlt.on` |")
+    )
+
+    changed = regen.regenerate(yaml_files, docs)
+
+    assert set(changed) == {on_yaml, docs}
+    text = on_yaml.read_text()
+    assert "# An edited header line.\n" in text and text.endswith("\n# A key added after the block.\nextra_key: 1\n")
+    assert regen.render_yaml_block({"enabled": True}) in text and "Stale" not in text
+    assert "## Setting it (edited)" in docs.read_text() and "`tlt.on`" not in docs.read_text()
+    assert regen.regenerate(yaml_files, docs) == []  # a second run finds nothing to change
+
+
+def test_yaml_block_at_the_end_of_a_file_is_replaced_up_to_the_end():
+    text = "# Header.\nother: 1\n\n# Old comment.\ntlt:\n\n  # Old.\n  enabled: true\n"
+    new = regen.replace_yaml_block(text, regen.render_yaml_block(cls=_NestedTLTConfig))
+    assert new.startswith("# Header.\nother: 1\n\n# TLT (Taming the Long-Tail)")
+    assert "Old" not in new and OmegaConf.create(new).tlt.spec.method == "eagle3"
+
+
+def test_regeneration_refuses_a_file_without_its_markers():
+    with pytest.raises(ValueError, match="BEGIN GENERATED TLTConfig"):
+        regen.replace_generated_section("# Config reference\n| key |\n", "TLTConfig", "| new |")

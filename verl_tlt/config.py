@@ -1,8 +1,9 @@
-"""The ``tlt`` config block: one frozen dataclass that is the single source of defaults.
+"""The ``tlt`` config block: frozen dataclasses that are the single source of defaults, and their loader.
 
 Every other view of the block (the Hydra YAML files under ``verl_tlt/hydra_conf``, the table in
-``docs/config_reference.md``) is checked against :class:`TLTConfig` by ``tests/test_config.py``, and
-:func:`render_yaml_block` prints the exact text those files must contain.
+``docs/config_reference.md``) is generated from :class:`TLTConfig` by ``scripts/regen_config_docs.py`` and
+checked against it by ``tests/test_config.py``. :func:`build_config` loads any such dataclass (the integrations'
+own option groups too), so every key path in an error message reads the same way.
 
 This module is imported by every layer, so it imports nothing heavy: no verl, ray, torch or vllm
 (omegaconf is imported lazily, and only when handed an OmegaConf node).
@@ -17,7 +18,7 @@ import os
 import re
 import types
 import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
@@ -158,6 +159,34 @@ class DrafterConfig:
             "EAGLE-3/HASS), at about that many times the cost per step."
         },
     )
+    depth_decay: float = field(
+        default=0.8,
+        metadata={
+            "help": "With train_depth 2+, depth d's loss is weighted depth_decay^(d-1) (the weights normalised to sum "
+            "to 1): below 1 the first draft, which every verify step uses, counts most. In (0, 1]."
+        },
+    )
+    hidden_loss_weight: float = field(
+        default=1.0,
+        metadata={
+            "help": "Weight of the feature loss (SmoothL1 between the drafter's and the target's next hidden state), "
+            "EAGLE's 1.0."
+        },
+    )
+    logit_loss_weight: float = field(
+        default=0.1,
+        metadata={
+            "help": "Weight of the token loss (cross-entropy between the target's next-token distribution and the "
+            "drafter's, both through the shared LM head), EAGLE's 0.1."
+        },
+    )
+    input_noise: float = field(
+        default=0.0,
+        metadata={
+            "help": "Half-width of the uniform noise added to the drafter's input hidden states in training (EAGLE's "
+            "augmentation against feature drift at inference); 0 = off."
+        },
+    )
     buffer_tokens: int = field(
         default=262144,
         metadata={"help": "Capacity of the drafter's data buffer in tokens; the oldest samples are dropped first."},
@@ -210,6 +239,18 @@ class DrafterConfig:
             raise ValueError(f"{path}.max_tokens_per_batch must be >= 2, got {self.max_tokens_per_batch}")
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"{path}.lr must be finite and > 0, got {self.lr}; e.g. {path}.lr=3e-4")
+        if not 0 < self.depth_decay <= 1:
+            raise ValueError(
+                f"{path}.depth_decay must be in (0, 1], got {self.depth_decay}; e.g. {path}.depth_decay=0.8"
+            )
+        for key in ("hidden_loss_weight", "logit_loss_weight", "input_noise"):
+            if not (math.isfinite(getattr(self, key)) and getattr(self, key) >= 0):
+                raise ValueError(f"{path}.{key} must be finite and >= 0, got {getattr(self, key)}")
+        if self.hidden_loss_weight == 0 and self.logit_loss_weight == 0:
+            raise ValueError(
+                f"{path}.hidden_loss_weight and {path}.logit_loss_weight are both 0, so the drafter would learn "
+                f"nothing; set one above 0, e.g. {path}.hidden_loss_weight=1.0 {path}.logit_loss_weight=0.1"
+            )
         if not 0 < self.poll_interval_s <= MAX_POLL_INTERVAL_S:
             raise ValueError(
                 f"{path}.poll_interval_s must be in (0, {MAX_POLL_INTERVAL_S}] seconds, got {self.poll_interval_s}; "
@@ -263,7 +304,7 @@ class TLTConfig:
         and wrong types raise ``ValueError`` naming the full key path (``prefix``-rooted), the value,
         why, and the override that fixes it, so a bad command line fails at start-up.
         """
-        return _build(cls, _to_plain(d, prefix), prefix)
+        return build_config(cls, d, prefix)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict of all fields (what the YAML ``tlt:`` block holds: lists, not tuples)."""
@@ -307,48 +348,7 @@ def _check_drafter_init(init: str) -> None:
     )
 
 
-# ---------------------------------------------------------------- field introspection
-
-
-@dataclass(frozen=True)
-class FieldSpec:
-    """One leaf key of the block, flattened: what the YAML files and the docs table must list."""
-
-    key: str  # dotted path below the root, e.g. "enabled" or "spec.num_speculative_tokens"
-    type_name: str  # e.g. "bool", "int | None"
-    default: Any
-    help: str
-
-
-def iter_fields(cls: type = TLTConfig, prefix: str = "") -> Iterator[FieldSpec]:
-    """Yield every leaf field of ``cls`` (recursing into nested dataclasses) in declaration order."""
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        key = f"{prefix}{f.name}"
-        tp = hints[f.name]
-        if _is_dataclass_type(tp):
-            yield from iter_fields(tp, prefix=f"{key}.")
-        else:
-            yield FieldSpec(key=key, type_name=type_name(tp), default=_default_of(f), help=_help_of(f, cls))
-
-
-def render_yaml_block(
-    overrides: Mapping[str, Any] | None = None, cls: type = TLTConfig, indent: int = 0, root: str = ROOT_KEY
-) -> str:
-    """The ``tlt:`` block in verl's YAML style: a comment above every key, a blank line between keys.
-
-    ``overrides`` maps dotted keys (``"enabled"``) to values that replace the defaults (``tlt/on.yaml``).
-    Tests compare the YAML files against this text, so a new field fails them until the files are
-    regenerated from it.
-    """
-    overrides = dict(overrides or {})
-    unknown = set(overrides) - {s.key for s in iter_fields(cls)}
-    if unknown:
-        raise ValueError(f"render_yaml_block: unknown override keys {sorted(unknown)}")
-    pad = " " * indent
-    lines = [f"{pad}# {_help_of_class(cls)}", f"{pad}{root}:"]
-    lines += _render_fields(cls, overrides, indent + 2, prefix="")
-    return "\n".join(lines) + "\n"
+# ---------------------------------------------------------------- names and values in messages
 
 
 def type_name(tp: Any) -> str:
@@ -380,6 +380,16 @@ def format_value(value: Any) -> str:
 # ---------------------------------------------------------------- loading
 
 
+def build_config(cls: type, d: Mapping[str, Any] | None, path: str) -> Any:
+    """Build the frozen config dataclass ``cls`` from a plain dict or an OmegaConf node found at key ``path``.
+
+    Interpolations are resolved first; ``None`` means all defaults. Unknown keys and wrong types raise
+    ``ValueError`` naming the full key path (``path``-rooted), the value, why, and the override that fixes it;
+    nested dataclass fields are loaded as groups, recursively. Values are never coerced.
+    """
+    return _build(cls, _to_plain(d, path), path)
+
+
 def _to_plain(d: Any, path: str) -> Any:
     """OmegaConf node -> plain containers with interpolations resolved; anything else unchanged."""
     if type(d).__module__.startswith("omegaconf"):
@@ -409,7 +419,7 @@ def _build(cls: type, d: Any, path: str) -> Any:
         if key not in names:
             raise ValueError(
                 f"Unknown config key '{path}.{key}' (value {d[key]!r}). Valid keys under '{path}': "
-                f"{_valid_keys(cls)}. TLT reads only the keys TLTConfig declares, so a misspelt key would "
+                f"{_valid_keys(cls)}. verl-tlt reads only the keys {cls.__name__} declares, so a misspelt key would "
                 f"otherwise be silently ignored. Fix: remove the override that sets {path}.{key} (e.g. "
                 f"+{path}.{key}=... on the command line) or correct its name, e.g. {path}.{_example_override(cls)} "
                 f"(all keys: docs/config_reference.md)."
@@ -419,7 +429,7 @@ def _build(cls: type, d: Any, path: str) -> Any:
         if name not in d:
             continue
         tp, key_path = hints[name], f"{path}.{name}"
-        if _is_dataclass_type(tp):
+        if is_config_group(tp):
             kwargs[name] = _build(tp, _to_plain(d[name], key_path), key_path)
         else:
             kwargs[name] = _check_value(tp, d[name], key_path, _field(cls, name))
@@ -432,9 +442,9 @@ def _check_value(tp: Any, value: Any, path: str, f: dataclasses.Field) -> Any:
     if ok:
         return normalised
     raise ValueError(
-        f"{path} must be {type_name(tp)}, got {value!r} ({type(value).__name__}); TLT does not coerce "
+        f"{path} must be {type_name(tp)}, got {value!r} ({type(value).__name__}); verl-tlt does not coerce "
         f"config values, so that a typo cannot silently change behaviour. "
-        f"Fix: {_fix_hint(tp, path, _default_of(f))}."
+        f"Fix: {_fix_hint(tp, path, field_default(f))}."
     )
 
 
@@ -494,7 +504,8 @@ def _is_bare_yaml_string(s: str) -> bool:
 _YAML_SPECIAL_WORDS = {"true", "false", "yes", "no", "on", "off", "null", "none", "y", "n"}
 
 
-def _is_dataclass_type(tp: Any) -> bool:
+def is_config_group(tp: Any) -> bool:
+    """True when a field of type ``tp`` is a nested group of keys (a dataclass), not a leaf value."""
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
 
 
@@ -502,24 +513,13 @@ def _field(cls: type, name: str) -> dataclasses.Field:
     return next(f for f in dataclasses.fields(cls) if f.name == name)
 
 
-def _default_of(f: dataclasses.Field) -> Any:
+def field_default(f: dataclasses.Field) -> Any:
+    """A field's default value (its factory's product for groups); every config field must have one."""
     if f.default is not dataclasses.MISSING:
         return f.default
     if f.default_factory is not dataclasses.MISSING:
         return f.default_factory()
-    raise TypeError(f"TLT config field '{f.name}' has no default; every knob needs one")
-
-
-def _help_of(f: dataclasses.Field, owner: type) -> str:
-    text = f.metadata.get("help")
-    if not text:
-        raise TypeError(f"{owner.__name__}.{f.name} has no metadata['help']; the YAML and docs need one")
-    return " ".join(text.split())
-
-
-def _help_of_class(cls: type) -> str:
-    """First docstring line: the comment above the root block's key."""
-    return (cls.__doc__ or cls.__name__).strip().splitlines()[0]
+    raise TypeError(f"config field {f.name!r} has no default; every knob needs one")
 
 
 def _valid_keys(cls: type) -> str:
@@ -527,21 +527,9 @@ def _valid_keys(cls: type) -> str:
 
 
 def _example_override(cls: type) -> str:
-    spec = next(iter_fields(cls))
-    return f"{spec.key}={format_value(spec.default)}"
-
-
-def _render_fields(cls: type, overrides: Mapping[str, Any], indent: int, prefix: str) -> list[str]:
-    pad = " " * indent
-    hints = typing.get_type_hints(cls)
-    lines: list[str] = []
-    for f in dataclasses.fields(cls):
-        key, tp = f"{prefix}{f.name}", hints[f.name]
-        lines.append("")
-        if _is_dataclass_type(tp):
-            lines += [f"{pad}# {_help_of(f, cls)}", f"{pad}{f.name}:"]
-            lines += _render_fields(tp, overrides, indent + 2, prefix=f"{key}.")
-        else:
-            value = overrides.get(key, _default_of(f))
-            lines += [f"{pad}# {_help_of(f, cls)}", f"{pad}{f.name}: {format_value(value)}"]
-    return lines
+    """``key=default`` of the first leaf field of ``cls`` (descending into groups), for "e.g." hints."""
+    first = dataclasses.fields(cls)[0]
+    tp = typing.get_type_hints(cls)[first.name]
+    if is_config_group(tp):
+        return f"{first.name}.{_example_override(tp)}"
+    return f"{first.name}={format_value(field_default(first))}"

@@ -6,15 +6,15 @@ import pytest
 import torch
 
 from verl_tlt.bench.drafter_replay import replay
+from verl_tlt.config import DrafterConfig
 from verl_tlt.drafter.capture_record import RecordedStep
 from verl_tlt.drafter.data import DrafterSample
 from verl_tlt.drafter.export import export_eagle
 from verl_tlt.drafter.model import EagleDrafterModel
-from verl_tlt.drafter.trainer import DrafterTrainConfig
 from verl_tlt.modeling.model import sequence_hidden_states
 from verl_tlt.modeling.weights import load_pretrained
 
-CONFIG = DrafterTrainConfig(lr=3e-3, max_tokens_per_batch=128)
+CONFIG = DrafterConfig(lr=3e-3, max_tokens_per_batch=128)
 
 
 @pytest.fixture(scope="module")

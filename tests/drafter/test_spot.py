@@ -7,10 +7,10 @@ import time
 import pytest
 import torch
 
+from verl_tlt.config import DrafterConfig
 from verl_tlt.drafter.data import DrafterSample
 from verl_tlt.drafter.model import EagleDrafterModel
 from verl_tlt.drafter.spot import SpotTrainer
-from verl_tlt.drafter.trainer import DrafterTrainConfig
 from verl_tlt.engine import RolloutEngine
 from verl_tlt.modeling.model import sequence_hidden_states
 
@@ -21,7 +21,7 @@ def spot(varied_qwen2, tmp_path):
     torch.manual_seed(0)
     trainer = SpotTrainer(
         EagleDrafterModel.from_target(engine.model),
-        DrafterTrainConfig(lr=1e-3, max_tokens_per_batch=64),
+        DrafterConfig(lr=1e-3, max_tokens_per_batch=64),
         checkpoint_dir=tmp_path / "ckpt",
     )
     return trainer, engine

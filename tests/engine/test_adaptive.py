@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from verl_tlt.engine.adaptive import MAX_STALE_DOUBLINGS, PLAIN, STALE_FACTOR, AdaptiveConfig, AdaptivePolicy
+from verl_tlt.config import SpeculativeConfig
+from verl_tlt.engine.adaptive import MAX_STALE_DOUBLINGS, PLAIN, STALE_FACTOR, AdaptivePolicy
 
 STRATEGIES = ("8_4_16", "6_4_8", "4_1_4")
 # Synthetic environment: per-request tokens/s of each arm in each bucket (the best arm differs per bucket). Plain
@@ -36,9 +37,9 @@ def play(
     return chosen
 
 
-def config(**overrides) -> AdaptiveConfig:
+def config(**overrides) -> SpeculativeConfig:
     base = {"threshold": 32, "buckets": (1, 4, 16), "strategies": STRATEGIES, "plain_arm_min_batch": 16}
-    return AdaptiveConfig(**{**base, **overrides})
+    return SpeculativeConfig(**{**base, **overrides})
 
 
 def test_plain_above_threshold_always():
@@ -241,10 +242,10 @@ def test_bad_config_fails_clearly(overrides, match):
 
 
 def test_the_default_buckets_follow_a_lower_threshold_but_explicit_ones_do_not():
-    assert AdaptiveConfig(threshold=8).buckets == (1, 2, 3, 4, 6, 8)
-    assert AdaptiveConfig(threshold=16, buckets=(1, 4, 16)).buckets == (1, 4, 16)
+    assert SpeculativeConfig(threshold=8).buckets == (1, 2, 3, 4, 6, 8)
+    assert SpeculativeConfig(threshold=16, buckets=(1, 4, 16)).buckets == (1, 4, 16)
     with pytest.raises(ValueError, match="stay <= tlt.speculative.threshold=8"):
-        AdaptiveConfig(threshold=8, buckets=(1, 4, 16))
+        SpeculativeConfig(threshold=8, buckets=(1, 4, 16))
 
 
 def test_strategy_strings_that_parse_but_cannot_exist_fail_when_the_policy_is_built():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from verl_tlt.config import DrafterConfig
 from verl_tlt.drafter.export import load_eagle
-from verl_tlt.drafter.trainer import DrafterTrainConfig
 from verl_tlt.engine import RolloutEngine, SamplingParams
 from verl_tlt.engine.eagle_drafter import EagleDrafter
 from verl_tlt.warmup.offline import collect_samples, warmup_drafter
@@ -25,7 +25,7 @@ def test_collected_samples_pair_tokens_with_the_targets_hidden_states(varied_qwe
 
 def test_warmup_exports_a_drafter_that_beats_the_untrained_one(varied_qwen2, tmp_path):
     path, _ = varied_qwen2
-    config = DrafterTrainConfig(lr=3e-3, max_tokens_per_batch=128)
+    config = DrafterConfig(lr=3e-3, max_tokens_per_batch=128)
     report = warmup_drafter(
         str(path), PROMPTS, tmp_path / "drafter", num_steps=300, temperature=0.0, max_tokens=30, config=config
     )

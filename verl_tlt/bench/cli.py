@@ -283,32 +283,32 @@ def _add_drafter_replay(bench: argparse._SubParsersAction) -> None:
         default=[4],
         help="drafter optimizer steps before each recorded step is scored: one number, or one per step",
     )
-    # Defaults (None) are tlt.drafter's and the trainer's, filled in below without importing torch here.
+    # Defaults (None) are tlt.drafter's, filled in below.
     drafter_replay.add_argument("--lr", type=float, help="tlt.drafter.lr")
     drafter_replay.add_argument("--batch-tokens", type=int, help="tlt.drafter.max_tokens_per_batch")
     drafter_replay.add_argument("--buffer-tokens", type=int, help="tlt.drafter.buffer_tokens")
     drafter_replay.add_argument("--train-depth", type=int, help="tlt.drafter.train_depth")
-    drafter_replay.add_argument("--hidden-loss-weight", type=float, help="DrafterTrainConfig.hidden_loss_weight")
-    drafter_replay.add_argument("--logit-loss-weight", type=float, help="DrafterTrainConfig.logit_loss_weight")
+    drafter_replay.add_argument("--hidden-loss-weight", type=float, help="tlt.drafter.hidden_loss_weight")
+    drafter_replay.add_argument("--logit-loss-weight", type=float, help="tlt.drafter.logit_loss_weight")
     drafter_replay.add_argument("--threads", type=int, default=1, help="torch threads (a drafter worker uses 1)")
 
 
 def _run_drafter_replay(args: argparse.Namespace) -> int:
     from verl_tlt.bench.drafter_replay import run as run_drafter_replay
     from verl_tlt.config import DrafterConfig
-    from verl_tlt.drafter.trainer import DrafterTrainConfig
 
     if min(args.steps_per_rl_step) < 0 or args.threads < 1:
         usage_error(args, "--steps-per-rl-step must be >= 0 and --threads >= 1")
-    drafter_defaults, train_defaults = DrafterConfig(), DrafterTrainConfig()
+    overrides = {
+        "lr": args.lr,
+        "max_tokens_per_batch": args.batch_tokens,
+        "buffer_tokens": args.buffer_tokens,
+        "train_depth": args.train_depth,
+        "hidden_loss_weight": args.hidden_loss_weight,
+        "logit_loss_weight": args.logit_loss_weight,
+    }
     try:
-        train_config = DrafterTrainConfig(
-            lr=_or(args.lr, drafter_defaults.lr),
-            max_tokens_per_batch=_or(args.batch_tokens, drafter_defaults.max_tokens_per_batch),
-            hidden_loss_weight=_or(args.hidden_loss_weight, train_defaults.hidden_loss_weight),
-            logit_loss_weight=_or(args.logit_loss_weight, train_defaults.logit_loss_weight),
-            train_depth=_or(args.train_depth, drafter_defaults.train_depth),
-        )
+        train_config = DrafterConfig(**{key: value for key, value in overrides.items() if value is not None})
     except ValueError as error:
         usage_error(args, str(error))
     target, drafter = args.target, args.drafter
@@ -320,14 +320,7 @@ def _run_drafter_replay(args: argparse.Namespace) -> int:
         drafter = drafter or str(ensure_toy_drafter(compact_share=DRIFTING_COMPACT_SHARE))
     try:
         run_drafter_replay(
-            args.json,
-            args.record,
-            target,
-            drafter,
-            train_config,
-            args.steps_per_rl_step,
-            buffer_tokens=_or(args.buffer_tokens, drafter_defaults.buffer_tokens),
-            threads=args.threads,
+            args.json, args.record, target, drafter, train_config, args.steps_per_rl_step, threads=args.threads
         )
     except (FileNotFoundError, ValueError) as error:  # no recording, an unreadable one, or a wrong budget list
         usage_error(args, str(error))
@@ -364,7 +357,3 @@ def speculative_config(args: argparse.Namespace, keys: tuple[str, ...]):
         return dataclasses.replace(SpeculativeConfig(), **overrides)
     except ValueError as error:
         usage_error(args, str(error))
-
-
-def _or(value, default):
-    return default if value is None else value

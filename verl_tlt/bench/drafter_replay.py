@@ -22,11 +22,12 @@ from pathlib import Path
 
 import torch
 
+from verl_tlt.config import DrafterConfig
 from verl_tlt.drafter.capture_record import RecordedStep, load_steps
 from verl_tlt.drafter.data import DrafterDataBuffer
 from verl_tlt.drafter.evaluate import evaluate_drafter
 from verl_tlt.drafter.export import drafter_from_init
-from verl_tlt.drafter.trainer import DrafterTrainConfig, DrafterTrainer
+from verl_tlt.drafter.trainer import DrafterTrainer
 from verl_tlt.progress import Progress
 
 # The quickstart's headline averages the last 3 steps.
@@ -57,12 +58,13 @@ def replay(
     steps: list[RecordedStep],
     target_path: str,
     drafter_init: str,
-    train_config: DrafterTrainConfig,
+    train_config: DrafterConfig,
     steps_per_rl_step: list[int],
-    *,
-    buffer_tokens: int = 262_144,
 ) -> dict:
-    """Replay online training over `steps`; per-step scores of the online and the initial drafter, and totals."""
+    """Replay online training over `steps`; per-step scores of the online and the initial drafter, and totals.
+
+    train_config: the run's `tlt.drafter` recipe (with the buffer size of its drafter workers) or one to compare.
+    """
     from verl_tlt.modeling.weights import load_pretrained, load_weights
 
     budget = _per_step_budget(steps_per_rl_step, len(steps))
@@ -74,7 +76,7 @@ def replay(
     model = drafter_from_init(drafter_init, target)
     frozen = drafter_from_init(drafter_init, target)
     frozen.requires_grad_(False)
-    trainer = DrafterTrainer(model, DrafterDataBuffer(buffer_tokens), train_config)
+    trainer = DrafterTrainer(model, DrafterDataBuffer(train_config.buffer_tokens), train_config)
     progress = Progress("bench drafter-replay", len(steps), unit="recorded steps")
     rows = []
     for record, max_steps in zip(steps, budget, strict=True):
@@ -126,10 +128,9 @@ def run(
     record_dir: str,
     target_path: str,
     drafter_init: str,
-    train_config: DrafterTrainConfig,
+    train_config: DrafterConfig,
     steps_per_rl_step: list[int],
     *,
-    buffer_tokens: int = 262_144,
     threads: int = 1,
 ) -> dict:
     steps = load_steps(record_dir)
@@ -137,7 +138,7 @@ def run(
     torch.set_num_threads(threads)
     start = time.perf_counter()
     try:
-        result = replay(steps, target_path, drafter_init, train_config, steps_per_rl_step, buffer_tokens=buffer_tokens)
+        result = replay(steps, target_path, drafter_init, train_config, steps_per_rl_step)
     finally:
         torch.set_num_threads(previous_threads)
     result.update({"record_dir": record_dir, "target": target_path, "drafter": drafter_init, "threads": threads})

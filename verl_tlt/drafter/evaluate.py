@@ -11,11 +11,14 @@ from verl_tlt.drafter.unroll import unrolled_forward
 # The shared-noise estimate: draws per position, and their seed (fixed, so two drafters' scores are paired).
 COUPLING_DRAWS = 8
 COUPLING_SEED = 1234
+# Chain depth of the acceptance-length estimates; the trainer's per-step estimate uses it too, so that one and a
+# held-out score compare.
+ESTIMATE_DEPTH = 4
 
 
 @torch.no_grad()
 def evaluate_drafter(
-    model: EagleDrafterModel, samples: list, max_tokens_per_batch: int = 4096, depth: int = 4
+    model: EagleDrafterModel, samples: list, max_tokens_per_batch: int = 4096, depth: int = ESTIMATE_DEPTH
 ) -> dict[str, float]:
     """How well `model` drafts for `samples` it has not trained on (teacher-forced, over response positions).
 

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import torch
 
+from verl_tlt.config import DrafterConfig
 from verl_tlt.drafter.data import DrafterDataBuffer, DrafterSample
 from verl_tlt.drafter.model import EagleDrafterModel
-from verl_tlt.drafter.trainer import DrafterTrainConfig, DrafterTrainer, TrainReport
+from verl_tlt.drafter.trainer import DrafterTrainer, TrainReport
 from verl_tlt.modeling.torch_threads import with_torch_threads
 
 logger = logging.getLogger(__name__)
@@ -28,12 +29,14 @@ class SpotTrainer:
     def __init__(
         self,
         model: EagleDrafterModel,
-        config: DrafterTrainConfig | None = None,
+        config: DrafterConfig | None = None,
         *,
-        buffer_tokens: int = 262_144,
+        seed: int = 0,
         checkpoint_dir: str | Path | None = None,
     ):
-        self.trainer = DrafterTrainer(model, DrafterDataBuffer(buffer_tokens), config)
+        """config: the training recipe and the data buffer's size (`buffer_tokens`); seed: the trainer's."""
+        config = config or DrafterConfig()
+        self.trainer = DrafterTrainer(model, DrafterDataBuffer(config.buffer_tokens), config, seed=seed)
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.version = 0
         self.total_steps = 0

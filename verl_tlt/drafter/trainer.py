@@ -2,9 +2,9 @@
 
 Loss (EAGLE-1/2): hidden_loss_weight * SmoothL1(predicted feature, target feature) + logit_loss_weight *
 soft cross-entropy between the target's next-token distribution (its LM head on the target feature) and the
-drafter's (the LM head on the predicted feature); paper/reference defaults 1.0 and 0.1. Both are averaged over
-the pairs whose predicted position is a response token. Only fc and the decoder layer train; the shared
-embedding and LM head are the target's and stay frozen.
+drafter's (the LM head on the predicted feature); both weights are `tlt.drafter` keys (EAGLE's 1.0 and 0.1).
+Both are averaged over the pairs whose predicted position is a response token. Only fc and the decoder layer
+train; the shared embedding and LM head are the target's and stay frozen.
 
 Checkpoints hold model, optimizer, step count, RNG and the data buffer's cursor (optionally its samples); they are
 written atomically by a background thread after a synchronous copy to CPU, so a save costs the trainer only
@@ -24,8 +24,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from verl_tlt.config import DrafterConfig
 from verl_tlt.drafter.data import DrafterDataBuffer, PackedBatch
-from verl_tlt.drafter.evaluate import estimated_acceptance_length
+from verl_tlt.drafter.evaluate import ESTIMATE_DEPTH, estimated_acceptance_length
 from verl_tlt.drafter.model import EagleDrafterModel
 from verl_tlt.drafter.unroll import unrolled_forward
 from verl_tlt.progress import Progress
@@ -34,42 +35,12 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "drafter_trainer.pt"
 
-
-@dataclass(frozen=True)
-class DrafterTrainConfig:
-    lr: float = 3e-4
-    betas: tuple[float, float] = (0.9, 0.95)
-    weight_decay: float = 0.0
-    grad_clip: float = 0.5
-    hidden_loss_weight: float = 1.0
-    logit_loss_weight: float = 0.1
-    max_tokens_per_batch: int = 4096
-    # Uniform noise added to the input hidden states (EAGLE's augmentation against feature drift); 0 = off.
-    input_noise: float = 0.0
-    # Chain depth used to turn top-1 accuracy into an estimated acceptance length.
-    estimate_depth: int = 4
-    seed: int = 0
-    # Depths of the drafter's own chain trained per step (`verl_tlt.drafter.unroll`): 1 = target features only
-    # (EAGLE-1/2); deeper levels read the drafter's own features, as its drafts past the first do at inference.
-    # Depth e's loss is weighted depth_decay ** (e - 1), the sum normalised.
-    train_depth: int = 1
-    depth_decay: float = 0.8
-
-    def __post_init__(self) -> None:
-        for name in ("lr", "max_tokens_per_batch", "estimate_depth", "train_depth"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"DrafterTrainConfig.{name} must be > 0, got {getattr(self, name)}")
-        if not 0 < self.depth_decay <= 1:
-            raise ValueError(f"DrafterTrainConfig.depth_decay must be in (0, 1], got {self.depth_decay}")
-        if (
-            self.hidden_loss_weight < 0
-            or self.logit_loss_weight < 0
-            or not (self.hidden_loss_weight or self.logit_loss_weight)
-        ):
-            raise ValueError(
-                "DrafterTrainConfig loss weights must be >= 0 and not both 0, got "
-                f"hidden_loss_weight={self.hidden_loss_weight}, logit_loss_weight={self.logit_loss_weight}"
-            )
+# AdamW betas and gradient-norm clip: EAGLE's training recipe, which the loss and its weights also follow.
+ADAMW_BETAS = (0.9, 0.95)
+GRAD_CLIP_NORM = 0.5
+# No weight decay: the decoder layer starts as a copy of the target's last layer (or a warmed-up drafter), and
+# decay would pull it toward zero, away from that start, at every step whatever the data says.
+WEIGHT_DECAY = 0.0
 
 
 @dataclass
@@ -85,15 +56,20 @@ class TrainReport:
 
 
 class DrafterTrainer:
-    def __init__(self, model: EagleDrafterModel, buffer: DrafterDataBuffer, config: DrafterTrainConfig | None = None):
+    """Trains `model` on `buffer` with the `tlt.drafter` recipe (lr, batch, depths, loss weights, input noise).
+
+    seed: of the input noise's generator (part of the checkpointed state, so a resumed run draws the same noise).
+    """
+
+    def __init__(
+        self, model: EagleDrafterModel, buffer: DrafterDataBuffer, config: DrafterConfig | None = None, *, seed: int = 0
+    ):
         self.model, self.buffer = model, buffer
-        self.config = config or DrafterTrainConfig()
+        self.config = config or DrafterConfig()
         self.device, self.dtype = model.fc.weight.device, model.fc.weight.dtype
         params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            params, lr=self.config.lr, betas=self.config.betas, weight_decay=self.config.weight_decay
-        )
-        self.generator = torch.Generator(device="cpu").manual_seed(self.config.seed)
+        self.optimizer = torch.optim.AdamW(params, lr=self.config.lr, betas=ADAMW_BETAS, weight_decay=WEIGHT_DECAY)
+        self.generator = torch.Generator(device="cpu").manual_seed(seed)
         self.global_step = 0
         self._save_thread: threading.Thread | None = None
         self._save_error: BaseException | None = None  # set by a failed background save, raised by wait_for_save
@@ -172,7 +148,7 @@ class DrafterTrainer:
             self.model.eval()
             return {"skipped": 1.0, "loss": float(loss.detach())}
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), GRAD_CLIP_NORM)
         if not bool(torch.isfinite(grad_norm)):
             self.optimizer.zero_grad(set_to_none=True)
             self.model.eval()
@@ -186,7 +162,7 @@ class DrafterTrainer:
             "hidden_loss": float(losses["hidden_loss"].detach()),
             "logit_loss": float(losses["logit_loss"].detach()),
             "top1_accuracy": accuracy,
-            "est_acceptance_length": estimated_acceptance_length(accuracy, self.config.estimate_depth),
+            "est_acceptance_length": estimated_acceptance_length(accuracy, ESTIMATE_DEPTH),
             "grad_norm": float(grad_norm),
             "num_pairs": float(batch.loss_mask.sum()),
         }

@@ -26,7 +26,6 @@ from verl_tlt.drafter.data import DrafterSample
 from verl_tlt.drafter.evaluate import evaluate_drafter
 from verl_tlt.drafter.model import EagleDrafterModel
 from verl_tlt.drafter.spot import SpotTrainer
-from verl_tlt.drafter.trainer import DrafterTrainConfig
 
 logger = logging.getLogger(__name__)
 
@@ -75,10 +74,7 @@ class DrafterWorker:
         self.frozen.load_state_dict(model.state_dict())
         self.frozen.attach(self.target)
         self.frozen.requires_grad_(False)
-        train_config = DrafterTrainConfig(
-            lr=config.lr, max_tokens_per_batch=config.max_tokens_per_batch, train_depth=config.train_depth, seed=seed
-        )
-        self.spot = SpotTrainer(model, train_config, buffer_tokens=config.buffer_tokens, checkpoint_dir=checkpoint_dir)
+        self.spot = SpotTrainer(model, config, seed=seed, checkpoint_dir=checkpoint_dir)
         self._fault = fault if fault is not None else os.environ.get(FAULT_ENV, "")
         self._starts = 0
 

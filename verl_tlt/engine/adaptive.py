@@ -70,10 +70,6 @@ MAX_STALE_DOUBLINGS = 2
 PROBE_SD_STEPS = 2
 
 
-# The knobs are the `tlt.speculative` block itself: one dataclass, one set of defaults, validated at construction.
-AdaptiveConfig = SpeculativeConfig
-
-
 @dataclass
 class _Arm:
     steps: deque = field(default_factory=deque)  # (committed tokens, seconds, batch size) of the latest steps
@@ -115,8 +111,9 @@ class _Arm:
 
 
 class AdaptivePolicy:
-    def __init__(self, config: AdaptiveConfig | None = None):
-        self.config = config or AdaptiveConfig()
+    def __init__(self, config: SpeculativeConfig | None = None):
+        """config: the `tlt.speculative` block itself (one dataclass, one set of defaults, checked when built)."""
+        self.config = config or SpeculativeConfig()
         self.strategies = {name: SpecStrategy.parse(name) for name in self.config.strategies}
         self.arms: dict[int, dict[str, _Arm]] = {}
         for lower in self.config.buckets:

@@ -41,8 +41,7 @@ class SamplingParams:
         if self.repetition_penalty != 1.0:
             raise ValueError(
                 f"SamplingParams.repetition_penalty={self.repetition_penalty} is not supported by the torch rollout "
-                "engine (it would break lossless speculative decoding); set actor_rollout_ref.rollout."
-                "repetition_penalty=1.0 or use rollout.name=vllm."
+                "engine (it would break lossless speculative decoding); use repetition_penalty=1.0."
             )
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in (self.stop_token_ids or ())))
 

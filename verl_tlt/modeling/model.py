@@ -19,6 +19,10 @@ from verl_tlt.modeling.cpu_linear import CpuLayoutLinear, invalidate_cpu_layouts
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
 
 
+class UnsupportedModelError(ValueError):
+    """A transformers checkpoint whose architecture this module cannot run (callers may offer another backend)."""
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """The architecture facts the engine needs, read from a transformers config."""
@@ -43,25 +47,24 @@ class ModelSpec:
     def from_hf_config(cls, config) -> ModelSpec:
         model_type = getattr(config, "model_type", None)
         if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(
-                f"The torch rollout engine supports model_type in {SUPPORTED_MODEL_TYPES}, got {model_type!r}. "
-                "Use rollout.name=vllm for other architectures."
+            raise UnsupportedModelError(
+                f"The torch rollout engine supports model_type in {SUPPORTED_MODEL_TYPES}, got {model_type!r}."
             )
         rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type != "default":
-            raise ValueError(
+            raise UnsupportedModelError(
                 f"The torch rollout engine supports only default RoPE, got rope_type={rope_type!r} "
                 f"for model_type={model_type!r}."
             )
         rope_theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
         hidden_act = getattr(config, "hidden_act", "silu")
         if hidden_act != "silu":
-            raise ValueError(f"The torch rollout engine supports hidden_act='silu', got {hidden_act!r}.")
+            raise UnsupportedModelError(f"The torch rollout engine supports hidden_act='silu', got {hidden_act!r}.")
         num_heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
         if getattr(config, "mlp_bias", False):
-            raise ValueError(f"The torch rollout engine does not support mlp_bias=True ({model_type!r}).")
+            raise UnsupportedModelError(f"The torch rollout engine does not support mlp_bias=True ({model_type!r}).")
         # Qwen2 has q/k/v biases and no o_proj bias; Llama and Qwen3 put `attention_bias` on all four.
         attention_bias = True if model_type == "qwen2" else bool(getattr(config, "attention_bias", False))
         output_bias = False if model_type == "qwen2" else attention_bias

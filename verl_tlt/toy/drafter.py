@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
-from verl_tlt.drafter.trainer import DrafterTrainConfig
+from verl_tlt.config import DrafterConfig
 from verl_tlt.toy.cache import build_once, default_cache_root
 from verl_tlt.toy.sft import ensure_toy_target, prompt_ids
 from verl_tlt.toy.task import make_problems
@@ -27,7 +26,7 @@ WARMUP_MAX_TOKENS = 1024
 # depth 1; depth 2 gave 4.60 / 4.29 and 7.84 / 6.92, and a logit loss weight of 1.0 instead of 0.1 gave 4.42 / 4.07
 # (2026-12-01, one run each). Its warm-up took 926 s on one thread against 597 s for v3's depth 1 before training's
 # attention went sample by sample (`segmented_attention`), which made depth 3 affordable.
-WARMUP_CONFIG = DrafterTrainConfig(lr=2e-3, max_tokens_per_batch=2048, train_depth=3)
+WARMUP_CONFIG = DrafterConfig(lr=2e-3, max_tokens_per_batch=2048, train_depth=3)
 # Problems for the warm-up come from this seed, away from the toy world's train/val seeds.
 WARMUP_PROBLEM_SEED = 4242
 
@@ -60,7 +59,6 @@ def ensure_toy_drafter(
 
     def warm_up(out_dir: Path) -> None:
         prompts = toy_prompts(target, WARMUP_PROMPTS, WARMUP_PROBLEM_SEED + seed)
-        config = dataclasses.replace(WARMUP_CONFIG, seed=seed)
         warmup_drafter(
             str(target),
             prompts,
@@ -69,7 +67,7 @@ def ensure_toy_drafter(
             temperature=WARMUP_TEMPERATURES,
             max_tokens=WARMUP_MAX_TOKENS,
             seed=seed,
-            config=config,
+            config=WARMUP_CONFIG,
         )
 
     entry = root / f"toy-drafter-v{TOY_DRAFTER_VERSION}-{target.name}-steps{num_steps}"

@@ -28,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--train-depth",
         type=int,
         default=1,
-        help="train on the drafter's own chain to this depth (DrafterTrainConfig.train_depth; 1 = target features "
+        help="train on the drafter's own chain to this depth (tlt.drafter.train_depth; 1 = target features "
         "only); deeper drafts of a chain improve, each step costs about one more forward-backward per depth",
     )
     warmup.add_argument("--seed", type=int, default=0, help="seed of sampling and training")
@@ -43,11 +43,11 @@ def main(argv: list[str] | None = None) -> int:
 def _warmup(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from verl_tlt.drafter.trainer import DrafterTrainConfig
+    from verl_tlt.config import DrafterConfig
     from verl_tlt.warmup.offline import prompts_from_parquet, warmup_drafter
 
     try:
-        config = DrafterTrainConfig(seed=args.seed, train_depth=args.train_depth)
+        config = DrafterConfig(train_depth=args.train_depth)
     except ValueError as error:
         usage_error(args, f"--train-depth {args.train_depth}: {error}")
 

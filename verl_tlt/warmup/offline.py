@@ -15,9 +15,10 @@ from pathlib import Path
 
 import torch
 
+from verl_tlt.config import DrafterConfig
 from verl_tlt.drafter.data import DrafterDataBuffer, DrafterSample
 from verl_tlt.drafter.model import EagleDrafterModel
-from verl_tlt.drafter.trainer import DrafterTrainConfig, DrafterTrainer
+from verl_tlt.drafter.trainer import DrafterTrainer
 from verl_tlt.engine import RolloutEngine, SamplingParams
 from verl_tlt.modeling.model import sequence_hidden_states
 from verl_tlt.progress import Progress
@@ -65,12 +66,14 @@ def warmup_drafter(
     max_tokens: int = 512,
     seed: int = 0,
     init_from: str | None = None,
-    config: DrafterTrainConfig | None = None,
+    config: DrafterConfig | None = None,
 ) -> WarmupReport:
     """Train a drafter for the target at target_path on its own answers to `prompts`; export it to out_dir.
 
     temperature: one sampling temperature, or several (every prompt is answered once per temperature, e.g.
-    (0.0, 1.0) to serve both greedy and sampled rollouts well).
+    (0.0, 1.0) to serve both greedy and sampled rollouts well). config: the training recipe (`tlt.drafter`'s
+    lr, max_tokens_per_batch, train_depth, loss weights, ...; default: its defaults); its buffer and spot-training
+    keys do not apply here, the buffer holds every collected token. seed: of generation and of training.
     """
     from verl_tlt.drafter.export import export_eagle, load_eagle
 
@@ -93,7 +96,7 @@ def warmup_drafter(
     model = load_eagle(init_from, engine.model) if init_from else EagleDrafterModel.from_target(engine.model)
     buffer = DrafterDataBuffer(max_tokens=max(num_tokens, 2))
     buffer.add(samples)
-    trainer = DrafterTrainer(model, buffer, config or DrafterTrainConfig(seed=seed))
+    trainer = DrafterTrainer(model, buffer, config, seed=seed)
     deadline = time.monotonic() + max_seconds if max_seconds else None
     progress = Progress("drafter warm-up training", num_steps, unit="optimizer steps")
     report = trainer.train(max_steps=num_steps, deadline=deadline, progress=progress)

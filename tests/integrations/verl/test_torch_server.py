@@ -13,7 +13,8 @@ import torch
 from tests.engine.conftest import tiny_qwen2  # noqa: F401
 from tests.openmp_probe import openmp_max_threads_probe
 from verl_tlt.integrations.verl.rollout_trace import RolloutTrace
-from verl_tlt.integrations.verl.torch_server import TorchRolloutServer
+from verl_tlt.integrations.verl.torch_server import TorchRolloutServer, _build_engine
+from verl_tlt.modeling.model import UnsupportedModelError
 
 
 class _RolloutConfig(SimpleNamespace):
@@ -103,13 +104,53 @@ def test_compile_option_reaches_the_engine(tiny_qwen2):  # noqa: F811
 @pytest.mark.parametrize(
     ("torch_kwargs", "message"),
     [
-        ({"compile": "yes"}, "engine_kwargs.torch.compile must be true or false, got 'yes'"),
-        ({"cuda_graphs": 1}, "engine_kwargs.torch.cuda_graphs must be true or false, got 1"),
-        ({"num_thread": 2}, "Unknown key(s) ['num_thread'] in actor_rollout_ref.rollout.engine_kwargs.torch"),
-        ({"sampling": "nucleus"}, "engine_kwargs.torch.sampling must be one of ['keyed', 'rejection'], got 'nucleus'"),
+        ({"compile": "yes"}, "engine_kwargs.torch.compile must be bool, got 'yes'"),
+        ({"cuda_graphs": 1}, "engine_kwargs.torch.cuda_graphs must be bool, got 1"),
+        ({"num_thread": 2}, "Unknown config key 'actor_rollout_ref.rollout.engine_kwargs.torch.num_thread'"),
+        ({"sampling": "nucleus"}, "engine_kwargs.torch.sampling must be 'keyed' | 'rejection', got 'nucleus'"),
     ],
 )
 def test_bad_engine_kwargs_name_the_key(tiny_qwen2, torch_kwargs, message):  # noqa: F811
     server = bare_server(tiny_qwen2[0], **torch_kwargs)
     with pytest.raises(ValueError, match=re.escape(message)):
         server.init_engine()
+
+
+def test_max_num_seqs_is_verls_unless_the_torch_options_set_it(tiny_qwen2):  # noqa: F811
+    previous = torch.get_num_threads()
+    try:
+        for torch_kwargs, expected in (({}, 2), ({"max_num_seqs": 5}, 5)):
+            server = bare_server(tiny_qwen2[0], **torch_kwargs)  # verl's max_num_seqs is 2 there
+            server._run_engine = lambda: None
+            server.init_engine()
+            assert server.engine.max_num_seqs == expected
+    finally:
+        torch.set_num_threads(previous)
+
+
+def test_a_model_the_engine_cannot_run_names_the_verl_rollout_that_can(tmp_path):
+    from transformers import GPT2Config
+
+    GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=16).save_pretrained(tmp_path)
+    with pytest.raises(UnsupportedModelError) as error:
+        _build_engine(str(tmp_path))
+    message = str(error.value)
+    assert f"The model at {tmp_path} (actor_rollout_ref.model.path)" in message and "got 'gpt2'" in message
+    assert "Fix: serve it with actor_rollout_ref.rollout.name=vllm" in message
+
+
+def test_a_request_the_engine_refuses_names_the_verl_rollout_that_serves_it(tiny_qwen2):  # noqa: F811
+    import asyncio
+
+    server = bare_server(tiny_qwen2[0])
+    server._run_engine = lambda: None
+    previous = torch.get_num_threads()
+    try:
+        server.init_engine()
+    finally:
+        torch.set_num_threads(previous)
+    request = server.generate([5, 6], {"temperature": 1.0, "presence_penalty": 0.5}, request_id="r0")
+    with pytest.raises(ValueError) as error:
+        asyncio.run(request)
+    assert "['presence_penalty']" in str(error.value)
+    assert str(error.value).endswith("or serve it with actor_rollout_ref.rollout.name=vllm.")

@@ -33,6 +33,7 @@ from verl_tlt.engine.decode_stats import strategy_acceptance
 from verl_tlt.integrations.verl.coordinator import SpotCoordinator
 from verl_tlt.integrations.verl.drafter_pool import DrafterPool
 from verl_tlt.integrations.verl.rollout_trace import rollout_summary
+from verl_tlt.integrations.verl.torch_rollout_config import torch_rollout_config
 from verl_tlt.metrics.long_tail import long_tail_metrics
 
 logger = logging.getLogger(__name__)
@@ -103,8 +104,7 @@ class TLTRuntime:
             )
 
     def _make_workers(self, target_path: str) -> list[Any]:
-        torch_kwargs = (self.config.actor_rollout_ref.rollout.get("engine_kwargs") or {}).get("torch") or {}
-        threads = int(torch_kwargs.get("num_threads", 1))
+        threads = torch_rollout_config(self.config.actor_rollout_ref.rollout).num_threads
         fault = os.environ.get(FAULT_ENV, "")
         seed = int(self.config.actor_rollout_ref.rollout.get("seed", 0) or 0)
         workers = []

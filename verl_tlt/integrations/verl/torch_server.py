@@ -18,13 +18,13 @@ from typing import Any
 import torch
 
 from verl_tlt.engine import CompletionOutput, RolloutEngine, SamplingParams
-from verl_tlt.engine.engine import SAMPLING_MODES
 from verl_tlt.integrations.verl.rollout_trace import RolloutTrace, append_jsonl
+from verl_tlt.integrations.verl.torch_rollout_config import torch_rollout_config
+from verl_tlt.modeling.model import UnsupportedModelError
 from verl_tlt.modeling.torch_threads import with_torch_threads
 
 logger = logging.getLogger(__name__)
 
-TORCH_ENGINE_KWARGS = ("num_threads", "max_num_seqs", "trace_path", "compile", "cuda_graphs", "sampling")
 _DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -33,28 +33,6 @@ _DTYPES = {
     "float16": torch.float16,
     "fp16": torch.float16,
 }
-
-
-def torch_engine_kwargs(config) -> dict[str, Any]:
-    """`actor_rollout_ref.rollout.engine_kwargs.torch`, validated."""
-    kwargs = dict((config.engine_kwargs or {}).get("torch") or {})
-    unknown = sorted(set(kwargs) - set(TORCH_ENGINE_KWARGS))
-    if unknown:
-        raise ValueError(
-            f"Unknown key(s) {unknown} in actor_rollout_ref.rollout.engine_kwargs.torch; "
-            f"supported: {list(TORCH_ENGINE_KWARGS)}"
-        )
-    for key in ("compile", "cuda_graphs"):
-        if not isinstance(kwargs.get(key, False), bool):
-            raise ValueError(
-                f"actor_rollout_ref.rollout.engine_kwargs.torch.{key} must be true or false, got {kwargs[key]!r}"
-            )
-    if kwargs.get("sampling", "keyed") not in SAMPLING_MODES:
-        raise ValueError(
-            f"actor_rollout_ref.rollout.engine_kwargs.torch.sampling must be one of {list(SAMPLING_MODES)}, got "
-            f"{kwargs['sampling']!r}"
-        )
-    return kwargs
 
 
 def resolve_dtype(name: str) -> torch.dtype:
@@ -89,24 +67,23 @@ class TorchRolloutServer:
         self._seeded = 0  # requests of the current rollout that came with a sampling seed (in the trace record)
 
     def init_engine(self) -> None:
-        kwargs = torch_engine_kwargs(self.config)
-        self._trace_path = kwargs.get("trace_path")
-        num_threads = int(kwargs.get("num_threads", 1))
-        torch.set_num_threads(num_threads)
+        options = torch_rollout_config(self.config)
+        self._trace_path = options.trace_path
+        torch.set_num_threads(options.num_threads)
         max_model_len = self.config.max_model_len or (self.config.prompt_length + self.config.response_length)
-        self.engine = RolloutEngine.from_pretrained(
+        self.engine = _build_engine(
             self.model_config.local_path,
             dtype=resolve_dtype(self.config.dtype),
-            max_num_seqs=int(kwargs.get("max_num_seqs", self.config.max_num_seqs)),
+            max_num_seqs=int(self.config.max_num_seqs if options.max_num_seqs is None else options.max_num_seqs),
             max_model_len=max_model_len,
             seed=int(self.config.get("seed", 0) or 0) + self.replica_rank,
             logprobs_mode=self.config.logprobs_mode or "processed_logprobs",
-            compile=kwargs.get("compile", False),
-            cuda_graphs=kwargs.get("cuda_graphs", False),
-            sampling=kwargs.get("sampling", "keyed"),
+            compile=options.compile,
+            cuda_graphs=options.cuda_graphs,
+            sampling=options.sampling,
         )
         self._thread = threading.Thread(
-            target=with_torch_threads(self._run_engine, num_threads),
+            target=with_torch_threads(self._run_engine, options.num_threads),
             name=f"torch-rollout-{self.replica_rank}",
             daemon=True,
         )
@@ -130,11 +107,20 @@ class TorchRolloutServer:
         from verl.workers.rollout.replica import TokenOutput
 
         if image_data is not None or video_data is not None or audio_data is not None:
-            raise ValueError("The torch rollout engine serves text-only models; use rollout.name=vllm for multimodal")
+            raise ValueError(
+                "The torch rollout engine serves text-only models; use actor_rollout_ref.rollout.name=vllm for "
+                "multimodal ones"
+            )
         prompt_ids = [int(t) for t in prompt_ids]
-        params = SamplingParams.from_request_dict(
-            sampling_params, default_max_tokens=self._default_max_tokens(prompt_ids)
-        )
+        try:
+            params = SamplingParams.from_request_dict(
+                sampling_params, default_max_tokens=self._default_max_tokens(prompt_ids)
+            )
+        except ValueError as error:
+            raise ValueError(
+                f"{str(error).rstrip('.')}. Fix: have the agent loop send only what the torch rollout supports, or "
+                "serve it with actor_rollout_ref.rollout.name=vllm."
+            ) from error
         room = self.engine.max_model_len - len(prompt_ids)
         if params.max_tokens > room:
             params = SamplingParams(**{**params.__dict__, "max_tokens": max(1, room)})
@@ -328,6 +314,18 @@ class TorchRolloutServer:
 
     def stop_profile(self) -> None:
         return None
+
+
+def _build_engine(model_path: str, **kwargs: Any) -> RolloutEngine:
+    """RolloutEngine.from_pretrained, with the verl key that serves a model this engine cannot run."""
+    try:
+        return RolloutEngine.from_pretrained(model_path, **kwargs)
+    except UnsupportedModelError as error:
+        raise UnsupportedModelError(
+            f"The model at {model_path} (actor_rollout_ref.model.path): {error} Fix: serve it with "
+            "actor_rollout_ref.rollout.name=vllm (TLT needs the torch rollout), or train a model the torch rollout "
+            "supports."
+        ) from error
 
 
 def _fail(future: asyncio.Future, error: Exception) -> None:
