@@ -10,9 +10,11 @@ import torch
 
 from verl_tlt.config import DrafterConfig
 from verl_tlt.drafter import worker as worker_module
+from verl_tlt.drafter.checkpoint import CHECKPOINT_KIND
 from verl_tlt.drafter.data import DrafterSample
 from verl_tlt.drafter.export import export_eagle
-from verl_tlt.drafter.trainer import CHECKPOINT_FILE, drafter_forward
+from verl_tlt.drafter.safe_state import load_state
+from verl_tlt.drafter.trainer import drafter_forward
 from verl_tlt.drafter.worker import FAULT_ENV, DrafterWorker
 from verl_tlt.modeling.model import sequence_hidden_states
 
@@ -217,9 +219,8 @@ def test_save_and_load_restore_weights_optimizer_and_version(fed, tmp_path):
     burst(owner, 3)
     owner.save(str(tmp_path / "ckpt"))
     owner.wait_for_save()
-    assert (tmp_path / "ckpt" / CHECKPOINT_FILE).is_file()
-    saved = torch.load(tmp_path / "ckpt" / CHECKPOINT_FILE, weights_only=False)
-    assert "samples" not in saved["buffer"]
+    saved = load_state(tmp_path / "ckpt", kind=CHECKPOINT_KIND)
+    assert "samples" not in saved["buffer"] and saved["buffer"]["times_used"]
 
     restored.load(str(tmp_path / "ckpt"), version=1, total_steps=3)
     assert restored.weights()[0] == 1 and restored.status()["total_steps"] == 3
