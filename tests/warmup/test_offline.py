@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from verl_tlt.drafter.export import load_eagle
+from verl_tlt.drafter.load import load_eagle
 from verl_tlt.drafter.trainer import DrafterTrainConfig
 from verl_tlt.engine import RolloutEngine, SamplingParams
 from verl_tlt.engine.eagle_drafter import EagleDrafter

@@ -25,7 +25,7 @@ import torch
 from verl_tlt.drafter.capture_record import RecordedStep, load_steps
 from verl_tlt.drafter.data import DrafterDataBuffer
 from verl_tlt.drafter.evaluate import evaluate_drafter
-from verl_tlt.drafter.export import drafter_from_init
+from verl_tlt.drafter.load import drafter_from_init
 from verl_tlt.drafter.trainer import DrafterTrainConfig, DrafterTrainer
 
 # The quickstart's headline averages the last 3 steps.

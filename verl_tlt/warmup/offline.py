@@ -67,7 +67,8 @@ def warmup_drafter(
     temperature: one sampling temperature, or several (every prompt is answered once per temperature, e.g.
     (0.0, 1.0) to serve both greedy and sampled rollouts well).
     """
-    from verl_tlt.drafter.export import export_eagle, load_eagle
+    from verl_tlt.drafter.export import export_eagle
+    from verl_tlt.drafter.load import load_eagle
 
     if not prompts:
         raise ValueError("warmup_drafter needs at least one prompt")
