@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     from dataclasses import asdict
 
     from verl_tlt.drafter.trainer import DrafterTrainConfig
+    from verl_tlt.files import write_json
     from verl_tlt.warmup.offline import prompts_from_parquet, warmup_drafter
 
     try:
@@ -57,6 +58,5 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(json.dumps(asdict(report), indent=2))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(asdict(report), f, indent=2)
+        write_json(args.json, asdict(report))
     return 0
