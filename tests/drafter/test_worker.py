@@ -56,7 +56,7 @@ def burst(worker: DrafterWorker, steps: int) -> dict:
     assert worker.spot.start(max_steps=steps)
     deadline = time.monotonic() + 60
     while worker.spot.is_running:
-        assert time.monotonic() < deadline, "spot training did not reach max_steps"
+        assert time.monotonic() < deadline, "hang guard: spot training did not reach max_steps within 60 s"
         time.sleep(0.002)
     status = worker.stop()
     assert status["burst_steps"] == steps and status["last_error"] is None
@@ -147,7 +147,7 @@ def test_weights_are_the_published_version_and_a_burst_with_steps_bumps_it(fed):
 
     status = burst(worker, 2)
     assert status["rank"] == 3 and status["version"] == 1 and status["total_steps"] == 2
-    assert status["running"] is False and status["stop_latency_s"] >= 0.0 and status["burst_seconds"] > 0.0
+    assert status["running"] is False and status["burst_seconds"] > 0.0
     version, trained = worker.weights()
     assert version == 1 and differs(initial, trained)
     assert_same_tensors(trained, model_state(worker))

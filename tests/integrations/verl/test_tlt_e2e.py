@@ -147,11 +147,8 @@ def test_greedy_rollouts_are_identical_with_tlt_on_and_off(world, target, tmp_pa
     assert any(tlt_metrics(m)["tlt/spot/trained_replica_s"] > 0 for m in on.metrics)
     # Every burst that changed the drafter was checkpointed by its worker (asynchronously, beside verl's checkpoints).
     assert list((tmp_path / "on" / "checkpoints" / "tlt_spot").glob(f"worker_*/latest/{TENSORS_FILE}"))
-    # Training never ran on for more than the optimizer step in progress after the last response finished.
-    for m in on.metrics:
-        tlt = tlt_metrics(m)
-        if "tlt/spot/overrun_s" in tlt:
-            assert tlt["tlt/spot/overrun_s"] <= tlt["tlt/drafter/step_s"] + 0.5
+    # That training stops within one optimizer step once the last response finishes is checked by counting steps
+    # (tests/drafter/test_trainer.py), not by timing a shared machine here.
 
 
 def test_sampled_rollouts_are_identical_with_tlt_on_and_off(world, target, tmp_path):
