@@ -105,3 +105,13 @@ def test_a_file_in_the_way_is_refused_before_anything_is_written(tmp_path):
             pytest.fail("the block must not run")
     assert (tmp_path / "ckpt").read_text() == "a user's file"
     assert sorted(os.listdir(tmp_path)) == ["ckpt"]
+
+
+def test_a_users_own_dot_old_directory_survives_replacements(tmp_path):
+    (tmp_path / "ckpt.old").mkdir()
+    (tmp_path / "ckpt.old" / "mine.txt").write_text("keep")
+    for text in ("first", "second"):
+        with atomic_directory(tmp_path / "ckpt") as tmp:
+            (tmp / "a.txt").write_text(text)
+    assert contents(tmp_path / "ckpt.old") == {"mine.txt": "keep"}
+    assert contents(tmp_path / "ckpt") == {"a.txt": "second"}

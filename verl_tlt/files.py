@@ -54,9 +54,12 @@ def write_json(path: str | Path, data: Any, *, indent: int | None = 2) -> Path:
 
 
 def previous_directory(path: str | Path) -> Path:
-    """Where `atomic_directory` keeps the previous directory of `path` while it swaps the new one in."""
+    """Where `atomic_directory` keeps the previous directory of `path` while it swaps the new one in.
+
+    Hidden (`.<name>.old`), so that the swap, which deletes a stale one, never touches a user's own `<name>.old`.
+    """
     path = Path(path)
-    return path.with_name(path.name + ".old")
+    return path.with_name(f".{path.name}.old")
 
 
 @contextmanager

@@ -160,7 +160,7 @@ def test_cpu_layouts_follow_weight_loads(tiny_qwen2):
 
 @pytest.mark.parametrize("rows", [1, 2, 37], ids=["transposed", "transposed_2_rows", "packed_padded"])
 def test_cpu_layouts_match_nn_linear_and_never_serve_a_forward_that_trains(rows):
-    from verl_tlt.engine import cpu_linear
+    from verl_tlt.modeling import cpu_linear
     from verl_tlt.modeling.cpu_linear import CpuLayoutLinear
 
     linear = CpuLayoutLinear(512, 512)
