@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,3 +54,22 @@ def test_an_incomplete_entry_is_replaced_whole(tmp_path):
 def test_the_test_session_caches_outside_the_home_directory():
     """tests/conftest.py points the cache at the temporary directory, for this process and the ones it starts."""
     assert not default_cache_root().resolve().is_relative_to(Path.home().resolve())
+
+
+@pytest.mark.slow
+def test_processes_the_tests_start_cache_outside_the_home_directory():
+    """verl jobs inherit the environment: their Hugging Face datasets/modules and matplotlib caches stay out too."""
+    code = (
+        "import datasets.config, huggingface_hub.constants\n"
+        "from verl_tlt.toy.cache import default_cache_root\n"
+        "print(datasets.config.HF_DATASETS_CACHE, huggingface_hub.constants.HF_HOME, default_cache_root(), sep='\\n')\n"
+        "try:\n"
+        "    import matplotlib\n"
+        "    print(matplotlib.get_cachedir())\n"
+        "except ImportError:\n"
+        "    pass\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    paths = [Path(line).resolve() for line in result.stdout.split("\n") if line.strip()]
+    assert len(paths) >= 3 and not [p for p in paths if p.is_relative_to(Path.home().resolve())], paths
