@@ -188,10 +188,10 @@ def test_a_failed_load_leaves_the_trainer_as_it_was(target, tmp_path):
     trainer.train(max_steps=1)
     state = trainer.state_dict(include_samples=False)
     state["model"]["fc.weight"] = torch.zeros(3, 3)  # another drafter's shape: the strict load fails part-way
-    write_checkpoint(tmp_path, state)
+    write_checkpoint(tmp_path / "ckpt", state)
     before = {name: value.clone() for name, value in trainer.model.state_dict().items()}
     with pytest.raises(ValueError, match="Cannot load drafter trainer checkpoint"):
-        trainer.load_checkpoint(tmp_path)
+        trainer.load_checkpoint(tmp_path / "ckpt")
     assert all(torch.equal(before[name], value) for name, value in trainer.model.state_dict().items())
     assert trainer.global_step == 1
 
