@@ -1,13 +1,32 @@
-"""Writing results without leaving half a file behind: write to a temporary path beside the target, then swap.
+"""Writing results without leaving half of them behind: write to a temporary path beside the target, then swap.
 
-A reader (another process, a resumed run, the user) sees either the previous file or the complete new one.
+Files (`atomic_write_text`, `write_json`): one rename. A reader (another process, a resumed run, the user) sees
+either the previous file or the complete new one, at any moment and after a crash at any point.
+
+Directories (`atomic_directory`): POSIX renames a directory only onto an absent (or empty) one, so replacing a
+directory takes two renames: the previous one moves aside to `previous_directory(path)`, then the new one moves in.
+What a reader can observe at `path`:
+
+* never a partly written directory: everything in it was written and flushed to disk before it appeared there;
+* if the writing block or the swap fails, the previous directory, untouched (the temporary sibling is removed);
+* during a replacement's two renames (microseconds), nothing; if the process dies exactly there, nothing until the
+  next write, with the previous directory complete at `previous_directory(path)`: a reader that finds `path`
+  missing may fall back to it (the drafter trainer's checkpoints do).
+
+One writer per path at a time: writers that may race on the same path hold a lock (as `verl_tlt.toy.cache`'s
+build-once entries do). Temporary siblings are hidden (`.<name>.tmp-...`); a process killed while writing leaves
+one behind, which no reader ever mistakes for the real thing.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,3 +51,70 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
 def write_json(path: str | Path, data: Any, *, indent: int | None = 2) -> Path:
     """Write `data` as JSON (atomically, with a final newline); values JSON cannot hold are written as strings."""
     return atomic_write_text(path, json.dumps(data, indent=indent, default=str) + "\n")
+
+
+def previous_directory(path: str | Path) -> Path:
+    """Where `atomic_directory` keeps the previous directory of `path` while it swaps the new one in.
+
+    Hidden (`.<name>.old`), so that the swap, which deletes a stale one, never touches a user's own `<name>.old`.
+    """
+    path = Path(path)
+    return path.with_name(f".{path.name}.old")
+
+
+@contextmanager
+def atomic_directory(path: str | Path) -> Iterator[Path]:
+    """Yield an empty temporary sibling of `path`; when the block ends without error, make it `path`.
+
+    An existing `path` (a directory) is replaced; see the module docstring for what readers and crashes can
+    observe. On error the temporary directory is removed and `path` is left as it was.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"{path} exists and is not a directory; it cannot be replaced by one")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir()
+    try:
+        yield tmp
+        _fsync_tree(tmp)
+        _swap_into_place(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _fsync(path.parent)
+
+
+def _swap_into_place(tmp: Path, path: Path) -> None:
+    """Rename `tmp` to `path`; an existing `path` moves aside first and is put back if the second rename fails."""
+    previous = previous_directory(path)
+    # A previous directory still there is either stale (`path` exists: the last swap died before deleting it) or
+    # the only complete copy (`path` is missing: it died between the renames); both are superseded by `tmp`.
+    if path.exists():
+        shutil.rmtree(previous, ignore_errors=True)
+        os.replace(path, previous)
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            os.replace(previous, path)
+            raise
+    else:
+        os.replace(tmp, path)
+    shutil.rmtree(previous, ignore_errors=True)
+
+
+def _fsync_tree(root: Path) -> None:
+    """Flush every file and directory under `root` to disk, so the rename that publishes them never outlives them."""
+    for folder, _, files in os.walk(root):
+        for name in files:
+            if not (Path(folder) / name).is_symlink():  # a link's target is not part of what was written here
+                _fsync(Path(folder) / name)
+        _fsync(Path(folder))
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

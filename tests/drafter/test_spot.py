@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from verl_tlt.config import DrafterConfig
+from verl_tlt.drafter.checkpoint import CHECKPOINT_KIND
 from verl_tlt.drafter.data import DrafterSample
 from verl_tlt.drafter.model import EagleDrafterModel
+from verl_tlt.drafter.safe_state import load_state
 from verl_tlt.drafter.spot import SpotTrainer
 from verl_tlt.engine import RolloutEngine
 from verl_tlt.modeling.model import sequence_hidden_states
@@ -47,14 +49,17 @@ def test_start_then_stop_publishes_a_new_version_and_checkpoints(spot):
     trainer.add_samples(samples(engine))
     before = trainer.weights()
     assert trainer.start() and trainer.start() is False  # already running
-    time.sleep(0.3)
+    deadline = time.monotonic() + 60
+    while trainer.trainer.global_step == 0:  # stop only once a step was taken, however slow the machine
+        assert time.monotonic() < deadline, "hang guard: no training step within 60 s"
+        time.sleep(0.01)
     report = trainer.stop()
     assert report.stopped_by == "stop" and report.steps > 0
     assert trainer.version == 1 and trainer.status()["total_steps"] == report.steps
     after = trainer.weights()
     assert any(not torch.equal(before[k], after[k]) for k in before)
     trainer.trainer.wait_for_save()
-    assert (trainer.checkpoint_dir / "latest" / "drafter_trainer.pt").is_file()
+    assert load_state(trainer.checkpoint_dir / "latest", kind=CHECKPOINT_KIND)["global_step"] == report.steps
 
 
 def test_samples_can_arrive_while_training_runs(spot):

@@ -10,9 +10,11 @@ import torch
 
 from verl_tlt.config import DrafterConfig
 from verl_tlt.drafter import worker as worker_module
+from verl_tlt.drafter.checkpoint import CHECKPOINT_KIND
 from verl_tlt.drafter.data import DrafterSample
 from verl_tlt.drafter.export import export_eagle
-from verl_tlt.drafter.trainer import CHECKPOINT_FILE, drafter_forward
+from verl_tlt.drafter.safe_state import load_state
+from verl_tlt.drafter.trainer import drafter_forward
 from verl_tlt.drafter.worker import FAULT_ENV, DrafterWorker
 from verl_tlt.modeling.model import sequence_hidden_states
 
@@ -54,7 +56,7 @@ def burst(worker: DrafterWorker, steps: int) -> dict:
     assert worker.spot.start(max_steps=steps)
     deadline = time.monotonic() + 60
     while worker.spot.is_running:
-        assert time.monotonic() < deadline, "spot training did not reach max_steps"
+        assert time.monotonic() < deadline, "hang guard: spot training did not reach max_steps within 60 s"
         time.sleep(0.002)
     status = worker.stop()
     assert status["burst_steps"] == steps and status["last_error"] is None
@@ -145,7 +147,7 @@ def test_weights_are_the_published_version_and_a_burst_with_steps_bumps_it(fed):
 
     status = burst(worker, 2)
     assert status["rank"] == 3 and status["version"] == 1 and status["total_steps"] == 2
-    assert status["running"] is False and status["stop_latency_s"] >= 0.0 and status["burst_seconds"] > 0.0
+    assert status["running"] is False and status["burst_seconds"] > 0.0
     version, trained = worker.weights()
     assert version == 1 and differs(initial, trained)
     assert_same_tensors(trained, model_state(worker))
@@ -217,9 +219,8 @@ def test_save_and_load_restore_weights_optimizer_and_version(fed, tmp_path):
     burst(owner, 3)
     owner.save(str(tmp_path / "ckpt"))
     owner.wait_for_save()
-    assert (tmp_path / "ckpt" / CHECKPOINT_FILE).is_file()
-    saved = torch.load(tmp_path / "ckpt" / CHECKPOINT_FILE, weights_only=False)
-    assert "samples" not in saved["buffer"]
+    saved = load_state(tmp_path / "ckpt", kind=CHECKPOINT_KIND)
+    assert "samples" not in saved["buffer"] and saved["buffer"]["times_used"]
 
     restored.load(str(tmp_path / "ckpt"), version=1, total_steps=3)
     assert restored.weights()[0] == 1 and restored.status()["total_steps"] == 3

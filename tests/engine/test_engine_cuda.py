@@ -68,7 +68,7 @@ def test_cuda_graphs_decode_like_the_engine_without_them(varied_qwen2):  # noqa:
             assert torch.allclose(torch.tensor(got.log_probs), torch.tensor(want.log_probs), atol=1e-4), strategy
     report = graphed.graphs.memory_report()
     assert report["graphs"] >= 3 and report["captures"] == report["graphs"] and report["padded_rows"] > 0
-    assert report["captured_bytes"] >= 0 and report["replays"] > report["graphs"]
+    assert report["replays"] > report["graphs"]
 
 
 def test_cuda_graphs_see_new_weights_and_survive_a_released_cache(varied_qwen2):  # noqa: F811

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from verl_tlt.cli import main
-from verl_tlt.drafter.export import load_eagle
+from verl_tlt.drafter.load import load_eagle
 from verl_tlt.engine import RolloutEngine
 from verl_tlt.toy.build import build_toy_world
 

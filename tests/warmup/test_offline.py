@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from verl_tlt.config import DrafterConfig
-from verl_tlt.drafter.export import load_eagle
+from verl_tlt.drafter.load import load_eagle
 from verl_tlt.engine import RolloutEngine, SamplingParams
 from verl_tlt.engine.eagle_drafter import EagleDrafter
 from verl_tlt.warmup.offline import collect_samples, warmup_drafter
@@ -43,13 +43,14 @@ def test_from_pretrained_loads_an_exported_drafter_by_path(varied_qwen2, tmp_pat
 
     path, _ = varied_qwen2
     target = RolloutEngine.from_pretrained(str(path))
-    export_eagle(EagleDrafterModel.from_target(target.model), tmp_path / "drafter")
+    exported = EagleDrafterModel.from_target(target.model)
+    export_eagle(exported, tmp_path / "drafter")
     engine = RolloutEngine.from_pretrained(str(path), drafter=str(tmp_path / "drafter"))
-    assert isinstance(engine.drafter, EagleDrafter)
+    assert torch.equal(engine.drafter.model.fc.weight, exported.fc.weight)  # the drafter at that path
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    assert [o.token_ids for o in engine.generate(PROMPTS, params, "3_2_5")] == [
-        o.token_ids for o in target.generate(PROMPTS, params)
-    ]
+    outputs = engine.generate(PROMPTS, params, "3_2_5")
+    assert [o.token_ids for o in outputs] == [o.token_ids for o in target.generate(PROMPTS, params)]
+    assert sum(o.stats["num_verify_steps"] for o in outputs) > 0  # it drafted
 
 
 def test_warmup_reports_progress_of_answers_hidden_states_and_training(varied_qwen2, tmp_path, caplog):

@@ -24,12 +24,10 @@ comparison for each fixed strategy, which decodes plainly there too, with a triv
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
@@ -38,6 +36,7 @@ from verl_tlt.config import SpeculativeConfig
 from verl_tlt.engine import RolloutEngine, SamplingParams
 from verl_tlt.engine.adaptive import AdaptivePolicy
 from verl_tlt.engine.decode_stats import DecodeStats
+from verl_tlt.files import write_json
 from verl_tlt.progress import Progress
 
 PROBLEM_SEED = 31337
@@ -307,6 +306,5 @@ def run(
         flush=True,
     )
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(result, indent=2, default=str))
+        write_json(json_path, result)
     return result

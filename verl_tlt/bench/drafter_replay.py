@@ -16,9 +16,7 @@ cheaper step buys more steps in a run's idle time.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
-from pathlib import Path
 
 import torch
 
@@ -26,8 +24,9 @@ from verl_tlt.config import DrafterConfig
 from verl_tlt.drafter.capture_record import RecordedStep, load_steps
 from verl_tlt.drafter.data import DrafterDataBuffer
 from verl_tlt.drafter.evaluate import evaluate_drafter
-from verl_tlt.drafter.export import drafter_from_init
+from verl_tlt.drafter.load import drafter_from_init
 from verl_tlt.drafter.trainer import DrafterTrainer
+from verl_tlt.files import write_json
 from verl_tlt.progress import Progress
 
 # The quickstart's headline averages the last 3 steps.
@@ -156,6 +155,5 @@ def run(
         )
     print(f"{result['train_steps']} optimizer steps, {result['step_s_mean'] * 1000:.0f} ms each on {threads} thread(s)")
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(result, indent=2))
+        write_json(json_path, result)
     return result

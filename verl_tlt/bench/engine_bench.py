@@ -8,7 +8,6 @@ eagerly and, unless `compile=False`, also with `RolloutEngine(compile=True)`; th
 
 from __future__ import annotations
 
-import json
 import logging
 import tempfile
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from verl_tlt.files import write_json
 from verl_tlt.progress import Progress
 
 logger = logging.getLogger(__name__)
@@ -184,6 +184,5 @@ def run(
         "rows": rows,
     }
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(result, indent=2))
+        write_json(json_path, result)
     return result

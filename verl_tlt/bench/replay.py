@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from verl_tlt.config import SpeculativeConfig
+from verl_tlt.files import write_json
 from verl_tlt.progress import Progress
 from verl_tlt.spec.strategy import SpecStrategy
 
@@ -86,8 +87,7 @@ class StepCosts:
                 name: {str(size): rows for size, rows in by_size.items()} for name, by_size in self.steps.items()
             },
         }
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(data))
+        write_json(path, data, indent=None)
 
     @classmethod
     def from_json(cls, path: str | Path) -> StepCosts:

@@ -8,16 +8,15 @@ fixed strategy, `repeats` times each, and can be saved (`--save-costs`) and repl
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
-from pathlib import Path
 
 from verl_tlt.bench.adaptive_bench import toy_rollout
 from verl_tlt.bench.replay import PLAIN, FixedBelowThreshold, StepCosts, compare, nearest_batch_size
 from verl_tlt.config import SpeculativeConfig
 from verl_tlt.engine import RolloutEngine
 from verl_tlt.engine.decode_stats import DecodeStats
+from verl_tlt.files import write_json
 from verl_tlt.progress import Progress
 
 
@@ -126,6 +125,5 @@ def run(
         flush=True,
     )
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(result, indent=2))
+        write_json(json_path, result)
     return result

@@ -12,13 +12,12 @@ engine's per-request SD stats, at batch 1, greedy and T=1. Ratios from one run.
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 
 import torch
 
 from verl_tlt.engine import CompletionOutput, RolloutEngine, SamplingParams
+from verl_tlt.files import write_json
 from verl_tlt.progress import Progress
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -154,8 +153,7 @@ def run(
         "rows": rows,
     }
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(result, indent=2))
+        write_json(json_path, result)
     return result
 
 

@@ -21,7 +21,6 @@ All numbers come from one run on one (noisy) machine; they are ratios to read, n
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from verl_tlt.bench.engine_bench import BenchModel, build_model, time_call
 from verl_tlt.engine import RolloutEngine, SamplingParams
 from verl_tlt.engine.drafter import DraftContext, Drafter
 from verl_tlt.engine.speculative import tree_forward_layout
+from verl_tlt.files import write_json
 from verl_tlt.progress import Progress
 from verl_tlt.spec.tree import DraftTree
 
@@ -330,6 +330,5 @@ def run(
         "sd_overhead_fraction_target": 0.10,
     }
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(result, indent=2))
+        write_json(json_path, result)
     return result

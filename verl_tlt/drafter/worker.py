@@ -66,7 +66,7 @@ class DrafterWorker:
             os.nice(cpu_niceness)
         self.rank, self.config = rank, config
         self.target = _target_model(target_path, dtype)
-        from verl_tlt.drafter.export import drafter_from_init
+        from verl_tlt.drafter.load import drafter_from_init
 
         model = drafter_from_init(config.init, self.target)
         # The drafter as it started (frozen): fresh data is scored against it too, to show what training bought.

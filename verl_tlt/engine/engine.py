@@ -142,7 +142,7 @@ class RolloutEngine:
         drafter = kwargs.pop("drafter", None)
         engine = cls(model, **kwargs)
         if isinstance(drafter, (str, os.PathLike)):
-            from verl_tlt.drafter.export import load_eagle
+            from verl_tlt.drafter.load import load_eagle
             from verl_tlt.engine.eagle_drafter import EagleDrafter
 
             drafter = EagleDrafter(load_eagle(str(drafter), model), max_len=engine.cache.max_len)

@@ -11,11 +11,11 @@ from __future__ import annotations
 import inspect
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from verl_tlt.files import write_json
 from verl_tlt.toy.cache import exclusive_lock
 from verl_tlt.toy.dataset import write_parquet
 from verl_tlt.toy.model import build_tiny_model
@@ -82,7 +82,7 @@ def build_toy_world(
         # Remove the manifest first: a build that dies halfway must not look complete afterwards.
         (world.root / MANIFEST_NAME).unlink(missing_ok=True)
         _write_world(world, manifest)
-        _write_json_atomically(world.root / MANIFEST_NAME, manifest)
+        write_json(world.root / MANIFEST_NAME, manifest)
     return world
 
 
@@ -121,9 +121,3 @@ def _is_complete(world: ToyWorld, manifest: dict[str, Any]) -> bool:
     model_files = ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json"]
     required = [world.train_parquet, world.val_parquet, *(world.model_dir / name for name in model_files)]
     return all(path.is_file() for path in required)
-
-
-def _write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
-    tmp_path = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp_path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp_path, path)

@@ -1,7 +1,8 @@
 """Build-once caches under ~/.cache/verl-tlt (toy world, trained target, warmed-up drafter).
 
-Entries are built in a hidden sibling folder and renamed into place when complete, so a killed build never leaves
-a half-written entry, and a file lock makes concurrent callers wait for a single build.
+Entries are built with `verl_tlt.files.atomic_directory` (a hidden sibling folder, swapped into place when
+complete), so a killed build never leaves a half-written entry, and a file lock makes concurrent callers wait for a
+single build.
 """
 
 from __future__ import annotations
@@ -10,10 +11,11 @@ import fcntl
 import logging
 import os
 import shutil
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from verl_tlt.files import atomic_directory
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +40,8 @@ def exclusive_lock(lock_path: Path) -> Iterator[None]:
 
 
 def build_once(entry: Path, is_complete: Callable[[Path], bool], build: Callable[[Path], None], what: str) -> Path:
-    """Return `entry`, first running `build(tmp_dir)` and renaming its output into place if it is not complete."""
+    """Return `entry`, first running `build(tmp_dir)` (an empty directory) and swapping it into place if `entry` is
+    not complete."""
     if is_complete(entry):
         logger.info("Reusing the %s at %s", what, entry)
         return entry
@@ -51,12 +54,7 @@ def build_once(entry: Path, is_complete: Callable[[Path], bool], build: Callable
             logger.warning("Removing incomplete %s %s", what, entry)
             shutil.rmtree(entry)
         logger.info("No cached %s at %s; building it once", what, entry)
-        # A hidden sibling on the same filesystem, so the rename is atomic.
-        tmp = entry.parent / f".{entry.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-        try:
+        with atomic_directory(entry) as tmp:
             build(tmp)
-            os.rename(tmp, entry)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
         logger.info("Cached the %s at %s", what, entry)
     return entry

@@ -85,6 +85,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _report(path: str | Path, args: argparse.Namespace) -> dict[str, Any]:
+    from verl_tlt.files import write_json
     from verl_tlt.toy.sft import DEFAULT_EVAL_SEED, evaluate_toy_target, format_report, read_training_info
 
     seed = DEFAULT_EVAL_SEED if args.eval_seed is None else args.eval_seed
@@ -92,7 +93,6 @@ def _report(path: str | Path, args: argparse.Namespace) -> dict[str, Any]:
     report["training"] = read_training_info(path)
     print(format_report(report))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        write_json(args.json, report)
         print(f"report written to {args.json}")
     return report

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
+from verl_tlt.files import write_json
 from verl_tlt.progress import Progress
 from verl_tlt.toy.cache import build_once, default_cache_root
 from verl_tlt.toy.model import build_tiny_model, shape_kwargs
@@ -304,7 +305,7 @@ def train_toy_target(
         "torch": torch.__version__,
         **stats,
     }
-    (out_dir / TRAINING_INFO_NAME).write_text(json.dumps(info, indent=2) + "\n")
+    write_json(out_dir / TRAINING_INFO_NAME, info)
     logger.info("Saved the toy target to %s (%.0f s, %.0f tokens/s)", out_dir, stats["wall_s"], stats["tokens_per_s"])
     return out_dir
 

@@ -44,6 +44,7 @@ def _warmup(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from verl_tlt.config import DrafterConfig
+    from verl_tlt.files import write_json
     from verl_tlt.warmup.offline import prompts_from_parquet, warmup_drafter
 
     try:
@@ -66,6 +67,5 @@ def _warmup(args: argparse.Namespace) -> int:
     )
     print(json.dumps(asdict(report), indent=2))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(asdict(report), f, indent=2)
+        write_json(args.json, asdict(report))
     return 0

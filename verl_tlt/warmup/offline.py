@@ -75,7 +75,8 @@ def warmup_drafter(
     lr, max_tokens_per_batch, train_depth, loss weights, ...; default: its defaults); its buffer and spot-training
     keys do not apply here, the buffer holds every collected token. seed: of generation and of training.
     """
-    from verl_tlt.drafter.export import export_eagle, load_eagle
+    from verl_tlt.drafter.export import export_eagle
+    from verl_tlt.drafter.load import load_eagle
 
     if not prompts:
         raise ValueError("warmup_drafter needs at least one prompt")

@@ -170,10 +170,10 @@ def test_tick_raises_a_poll_error_that_the_thread_would_count():
 # ----- the real thread -------------------------------------------------------------------------------------------
 
 
-def wait_for(condition, timeout: float = 10.0) -> None:
+def wait_for(condition, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
+        assert time.monotonic() < deadline, f"hang guard: condition not reached within {timeout} s"
         time.sleep(0.001)
 
 

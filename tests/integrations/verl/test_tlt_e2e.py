@@ -12,6 +12,7 @@ import math
 
 import pytest
 
+from verl_tlt.drafter.safe_state import STATE_FILE, TENSORS_FILE
 from verl_tlt.integrations.verl.request_seeds import SLOT_AGENT_LOOP
 from verl_tlt.quickstart.cli import toy_grpo_overrides
 from verl_tlt.quickstart.verl_job import read_rollouts, run_verl_job
@@ -145,12 +146,9 @@ def test_greedy_rollouts_are_identical_with_tlt_on_and_off(world, target, tmp_pa
     assert last["tlt/drafter/total_steps"] >= 1 and last["tlt/drafter/version"] >= 1
     assert any(tlt_metrics(m)["tlt/spot/trained_replica_s"] > 0 for m in on.metrics)
     # Every burst that changed the drafter was checkpointed by its worker (asynchronously, beside verl's checkpoints).
-    assert list((tmp_path / "on" / "checkpoints" / "tlt_spot").glob("worker_*/latest/drafter_trainer.pt"))
-    # Training never ran on for more than the optimizer step in progress after the last response finished.
-    for m in on.metrics:
-        tlt = tlt_metrics(m)
-        if "tlt/spot/overrun_s" in tlt:
-            assert tlt["tlt/spot/overrun_s"] <= tlt["tlt/drafter/step_s"] + 0.5
+    assert list((tmp_path / "on" / "checkpoints" / "tlt_spot").glob(f"worker_*/latest/{TENSORS_FILE}"))
+    # That training stops within one optimizer step once the last response finishes is checked by counting steps
+    # (tests/drafter/test_trainer.py), not by timing a shared machine here.
 
 
 def test_sampled_rollouts_are_identical_with_tlt_on_and_off(world, target, tmp_path):
@@ -189,7 +187,7 @@ def test_resume_continues_the_drafter(world, target, tmp_path):
     first = run(world, target, tmp_path, steps=2, greedy=True, tlt=True, extra=["trainer.save_freq=1"])
     saved = tlt_metrics(first.metrics[-1])
     drafter_dir = tmp_path / "checkpoints" / "global_step_2" / "tlt_drafter"
-    assert (drafter_dir / "meta.json").is_file() and (drafter_dir / "trainer" / "drafter_trainer.pt").is_file()
+    assert (drafter_dir / "meta.json").is_file() and (drafter_dir / "trainer" / STATE_FILE).is_file()
 
     second = run(world, target, tmp_path, steps=3, greedy=True, tlt=True, extra=["trainer.save_freq=-1"])
     assert [m["step"] for m in second.metrics] == [3]

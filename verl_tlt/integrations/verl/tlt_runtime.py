@@ -30,6 +30,7 @@ from verl_tlt.drafter.capture_record import RecordedStep, save_step
 from verl_tlt.drafter.spot_schedule import SpotSchedule
 from verl_tlt.drafter.worker import FAULT_ENV, DrafterWorker
 from verl_tlt.engine.decode_stats import strategy_acceptance
+from verl_tlt.files import write_json
 from verl_tlt.integrations.verl.coordinator import SpotCoordinator
 from verl_tlt.integrations.verl.drafter_pool import DrafterPool
 from verl_tlt.integrations.verl.rollout_trace import rollout_summary
@@ -308,8 +309,7 @@ class TLTRuntime:
                 "TLT: the drafter checkpoint in %s failed; resuming from this step restarts the drafter", folder
             )
             return
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / META_FILE).write_text(json.dumps(meta))
+        write_json(folder / META_FILE, meta)
 
     def _restore(self, step_folder: Path) -> None:
         folder = step_folder / CHECKPOINT_DIR
