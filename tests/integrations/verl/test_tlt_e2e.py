@@ -13,7 +13,7 @@ import math
 import pytest
 
 from verl_tlt.integrations.verl.request_seeds import SLOT_AGENT_LOOP
-from verl_tlt.quickstart.cli import toy_grpo_overrides
+from verl_tlt.quickstart.recipe import toy_grpo_overrides
 from verl_tlt.quickstart.verl_job import read_rollouts, run_verl_job
 from verl_tlt.toy.build import build_toy_world
 from verl_tlt.toy.sft import ensure_toy_target
