@@ -73,11 +73,17 @@ def test_each_finished_step_is_reported_at_once_with_its_rollout_time_acceptance
     clock.now = 5.0
     progress(path)
     assert lines[-1] == "tlt: step 2/4, 5.0 s elapsed, about 1 min 00 s left; step 40.0 s, rollout 9.0 s (timing_s/gen)"
+    clock.now = 25.0  # 20 s into step 3 of mean 30 s: 10 s of it and all of step 4 left
+    progress(path)
+    assert lines[-1].startswith("tlt: step 2/4, 25 s elapsed, about 40 s left;")
+    clock.now = 65.0  # step 3 overran the mean: at least step 4 is left
+    progress(path)
+    assert lines[-1].startswith("tlt: step 2/4, 1 min 05 s elapsed, about 30 s left;")
     with path.open("a") as f:
         f.write(_line(3) + _line(4))
-    clock.now = 6.0
+    clock.now = 66.0
     progress(path)
-    assert lines[-1] == "tlt: step 4/4, 6.0 s elapsed, verl finishing; no timings logged"
+    assert lines[-1] == "tlt: step 4/4, 1 min 06 s elapsed, verl finishing; no timings logged"
     assert [r["step"] for r in progress.rows] == [1, 2, 3, 4]
 
 

@@ -72,6 +72,7 @@ class JobProgress:
         self._clock = clock
         self.start = self._last_emit = clock()
         self.rows: list[dict] = []
+        self._last_step_at = self.start  # when the latest step was seen finished
         self._tail: MetricsTail | None = None
 
     def __call__(self, metrics_path: Path) -> None:
@@ -80,6 +81,8 @@ class JobProgress:
         new = self._tail.read_new()
         self.rows.extend(new)
         now = self._clock()
+        if new:
+            self._last_step_at = now
         if new or now - self._last_emit >= self.every_s:
             self._last_emit = now
             self._emit(self.line())
@@ -97,7 +100,10 @@ class JobProgress:
         text = f"{self.name}: step {last['step']}/{self.total_steps}, {format_duration(elapsed)} elapsed"
         step_times = [r["timing_s/step"] for r in self.rows if isinstance(r.get("timing_s/step"), (int, float))]
         if left > 0 and step_times:
-            text += f", about {format_duration(statistics.mean(step_times) * left)} left"
+            # The step in progress has run for a while already; it still takes at least as long as the steps after it.
+            mean = statistics.mean(step_times)
+            eta = max(mean * left - (self._clock() - self._last_step_at), mean * (left - 1))
+            text += f", about {format_duration(eta)} left"
         elif left <= 0:
             text += ", verl finishing"
         return text + "; " + _step_details(last)
