@@ -16,7 +16,15 @@ from verl_tlt.engine.decode_stats import ms_per_token_by_batch
 from verl_tlt.progress import format_duration
 from verl_tlt.quickstart.identity import identity_by_run, responses_by_step, same_responses_steps
 from verl_tlt.quickstart.job_progress import JobProgress
-from verl_tlt.quickstart.recipe import COMPARED, CONTROL, RUNS, TRACE_FILE, quickstart_overrides, run_overrides
+from verl_tlt.quickstart.recipe import (
+    COMPARED,
+    CONTROL,
+    RUNS,
+    TRACE_FILE,
+    check_same_tokenizer,
+    quickstart_overrides,
+    run_overrides,
+)
 from verl_tlt.quickstart.summary import headline, read_trace, step_rows
 from verl_tlt.quickstart.verl_job import read_rollouts, run_verl_job
 
@@ -71,7 +79,6 @@ class ToyInputs:
 
 def prepare_toy(cache: Path, timer: StageTimer) -> ToyInputs:
     """The toy world, the SFT toy target and its warmed-up drafter: built once into `cache`, reused afterwards."""
-    from verl_tlt.quickstart.recipe import check_same_tokenizer
     from verl_tlt.toy.build import build_toy_world
     from verl_tlt.toy.drafter import ensure_toy_drafter
     from verl_tlt.toy.sft import DRIFTING_COMPACT_SHARE, ensure_toy_target
