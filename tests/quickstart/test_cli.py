@@ -40,3 +40,23 @@ def test_help_lists_the_options(capsys):
         cli.main(["--help"])
     out = capsys.readouterr().out
     assert all(option in out for option in ("--steps", "--runs", "--override", "--cache", "--timeout"))
+
+
+def _summary_with_identity(claims: dict) -> dict:
+    return {"runs": {"tlt": []}, "identity": claims, "stage_s": {"verl run: tlt": 1.0}}
+
+
+@pytest.mark.parametrize(("violations", "exit_code"), [([], 0), ([3], 1)])
+def test_the_quickstart_fails_when_equal_weights_gave_different_responses(
+    violations, exit_code, tmp_path, monkeypatch, capsys
+):
+    from verl_tlt.quickstart import runner
+    from verl_tlt.quickstart.identity import identity_claim
+
+    steps = [{"step": s, "weights_equal": True, "responses_equal": s not in violations} for s in (1, 2, 3)]
+    summary = _summary_with_identity({"tlt": identity_claim(steps)})
+    monkeypatch.setattr(runner, "run_comparison", lambda *args, **kwargs: summary)
+    code = cli.main(["--out", str(tmp_path), "--cache", str(tmp_path / "cache"), "--runs", "tlt", "--no-plot"])
+    assert code == exit_code
+    assert ("IDENTITY VIOLATED" in capsys.readouterr().out) is bool(violations)
+    assert (tmp_path / "summary.json").is_file()

@@ -56,6 +56,7 @@ def test_stage_timings_list_every_stage_in_order_and_the_total():
     assert lines[0] == "stage timings:"
     assert [line.split()[0] for line in lines[1:]] == ["setup", "toy", "verl", "total"]
     assert lines[-1].endswith("1 min 09 s")  # 3 + 1 + 65 seconds
+    assert "setup (virtualenv) not measured" in format_stage_times({"toy world": 1.0})
 
 
 def test_a_partial_run_set_says_what_is_missing_instead_of_a_comparison():

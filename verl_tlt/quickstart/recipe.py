@@ -26,6 +26,8 @@ RUNS: dict[str, list[str]] = {
 # The runs the headline ratios and the table compare.
 COMPARED = (BASELINE, "tlt", "frozen")
 TRACE_FILE = "rollout_trace.jsonl"
+# The first stage: the virtualenv, set up by recipes/quickstart_cpu.sh before Python starts, which passes its time in.
+SETUP_STAGE = "setup (virtualenv)"
 
 # Drafter training for a 1M-parameter target on one CPU core. Replayed on a recorded quickstart run (`verl-tlt
 # bench drafter-replay`, README), 256-token batches at lr 1e-3 followed the drifting policy best for the same

@@ -20,6 +20,7 @@ from verl_tlt.quickstart.recipe import (
     COMPARED,
     CONTROL,
     RUNS,
+    SETUP_STAGE,
     TRACE_FILE,
     check_same_tokenizer,
     quickstart_overrides,
@@ -148,7 +149,7 @@ def run_comparison(
     timer = StageTimer()
     setup = setup_seconds()
     if setup is not None:
-        timer.add("setup (virtualenv)", setup)
+        timer.add(SETUP_STAGE, setup)
     missing = [name for name in RUNS if name not in runs]
     if missing:
         logger.warning("runs %s left out (--runs): the report will lack what needs them", missing)
