@@ -75,6 +75,15 @@ def test_rows_carry_engine_busy_time_and_the_last_arrival_when_the_records_have_
     assert row["engine_busy_s"] == pytest.approx(3.5) and row["last_submit_s"] == pytest.approx(2.0)
 
 
+def test_rows_carry_the_replicas_common_weights_checksum_and_flag_replicas_that_disagree():
+    same = [{**_trace_record(0, r, 100.0, [101.0], 102.0), "weights_sha256": "ab"} for r in (0, 1)]
+    split = [same[0], {**same[1], "weights_sha256": "cd"}]
+    old = [_trace_record(0, 0, 100.0, [101.0], 102.0)]  # a trace written without checksums
+    rows = [step_rows([_metrics(1, None)], {0: records}, {})[0] for records in (same, split, old)]
+    assert [row["weights_sha256"] for row in rows] == ["ab", None, None]
+    assert [row.get("weights_replicas_differ", False) for row in rows] == [False, True, False]
+
+
 def test_decode_costs_table_has_a_column_per_run_and_kind_present():
     decode = {
         "baseline": {"1": {"plain": 8.0}, "16": {"plain": 1.25}},
@@ -182,12 +191,3 @@ def test_read_trace_skips_validation_records(tmp_path):
     ]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert sorted(read_trace(path)) == [0, 1]
-
-
-def test_same_responses_steps_counts_the_steps_each_run_sampled_like_the_baseline():
-    from verl_tlt.quickstart.cli import same_responses_steps
-
-    baseline = {1: [("p", "a"), ("q", "b")], 2: [("p", "c")]}
-    responses = {"baseline": baseline, "tlt": dict(baseline), "frozen": {1: baseline[1], 2: [("p", "d")]}}
-    assert same_responses_steps(responses) == {"tlt": "2/2", "frozen": "1/2"}
-    assert same_responses_steps({"baseline": baseline, "tlt": {1: baseline[1]}}) == {"tlt": "1/2"}

@@ -160,7 +160,7 @@ def test_cli_eval_prints_the_table_and_writes_json(checkpoint, tmp_path, capsys)
 
 
 def test_quickstart_accepts_the_target_tokenizer_and_rejects_another(checkpoint, toy_world, tmp_path):
-    from verl_tlt.quickstart.cli import check_same_tokenizer
+    from verl_tlt.quickstart.recipe import check_same_tokenizer
 
     check_same_tokenizer(toy_world.model_dir, checkpoint)
     other = tmp_path / "other"

@@ -15,7 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from verl_tlt.integrations.verl.rollout_trace import rollout_summary
+from verl_tlt.integrations.verl.rollout_trace import rollout_summary, rollout_weights_sha256
 from verl_tlt.toy.task import COMPACT, response_style
 
 # Step-time parts verl times separately (timing_s/<part>); the rest of timing_s/step is "other".
@@ -54,6 +54,10 @@ def step_rows(metrics: list[dict], trace: dict[int, list[dict]], rollouts: dict[
             if "engine_busy_s" in summary:  # summed over replicas; when the last request reached a replica
                 row["engine_busy_s"] = summary["engine_busy_s"]
                 row["last_submit_s"] = summary["last_submit"] - summary["start"]
+        # The weights the replicas sampled this step with (bitwise checksum, None if unknown or if they disagree).
+        row["weights_sha256"] = rollout_weights_sha256(records)
+        if len({r.get("weights_sha256") for r in records} - {None}) > 1:
+            row["weights_replicas_differ"] = True
         row["reward_mean"] = m.get("critic/score/mean")
         row["response_len_mean"] = m.get("response_length/mean")
         row["compact_share"] = sum(response_style(o) == COMPACT for o in outputs) / len(outputs) if outputs else None

@@ -1,7 +1,10 @@
 """Run a verl training job in a subprocess with a hard timeout and collect its per-step metrics.
 
 Used by the CPU quickstart and the end-to-end tests. verl is started as a separate process (not imported)
-because a crashed Ray worker tends to hang rather than exit: the timeout must be able to kill everything.
+because a crashed Ray worker tends to hang rather than exit: the timeout must be able to kill everything. The job
+runs in its own process group, which is killed on timeout and also when the caller is interrupted (Ctrl-C would
+not reach it otherwise). A caller that wants to watch the job passes `on_poll`, called every few seconds with the
+path of verl's metrics file (one JSON line per finished step); see `job_progress.JobProgress`.
 """
 
 from __future__ import annotations
@@ -13,10 +16,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"  # verl's file logger (VERL_FILE_LOGGER_PATH), in the job's folder
 
 
 @dataclass(frozen=True)
@@ -43,15 +49,18 @@ def run_verl_job(
     timeout_s: float = 600,
     entry_module: str = "verl.trainer.main_ppo",
     env: dict[str, str] | None = None,
+    on_poll: Callable[[Path], None] | None = None,
+    poll_s: float = 2.0,
 ) -> JobResult:
     """Run `python -m <entry_module> <overrides>`; logs, metrics and rollout dumps go under `out_dir`.
 
     Adds the file logger and rollout dumps to the overrides. Raises VerlJobError (with the log tail) if the job
-    fails or exceeds `timeout_s`; the whole process group is killed on timeout.
+    fails or exceeds `timeout_s`; the whole process group is killed on timeout. `on_poll(metrics_path)` is called
+    about every `poll_s` seconds while the job runs.
     """
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    metrics_path, log_path, dump_dir = out_dir / "metrics.jsonl", out_dir / "verl.log", out_dir / "rollouts"
+    metrics_path, log_path, dump_dir = out_dir / METRICS_FILE, out_dir / "verl.log", out_dir / "rollouts"
     metrics_path.unlink(missing_ok=True)
     command = [
         sys.executable,
@@ -77,18 +86,47 @@ def run_verl_job(
             command, stdout=log, stderr=subprocess.STDOUT, env=job_env, cwd=out_dir, start_new_session=True
         )
         try:
-            returncode = process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            _stop_ray(job_env)
+            returncode = _wait(process, start + timeout_s, metrics_path, on_poll, poll_s)
+        except BaseException:  # an interrupt or a failing on_poll: the job must not outlive its caller
+            _kill(process, job_env)
+            raise
+        if returncode is None:
+            _kill(process, job_env)
             result = JobResult(-9, time.monotonic() - start, log_path, [], dump_dir)
             message = f"verl job exceeded {timeout_s:.0f} s and was killed; log tail:\n{result.tail()}"
-            raise VerlJobError(message) from None
+            raise VerlJobError(message)
     result = JobResult(returncode, time.monotonic() - start, log_path, read_metrics(metrics_path), dump_dir)
     if returncode != 0:
         raise VerlJobError(f"verl job failed with exit code {returncode}; log {log_path}, tail:\n{result.tail()}")
     return result
+
+
+def _wait(
+    process: subprocess.Popen,
+    deadline: float,
+    metrics_path: Path,
+    on_poll: Callable[[Path], None] | None,
+    poll_s: float,
+) -> int | None:
+    """The job's exit code, or None when `deadline` (monotonic) passed first."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        try:
+            return process.wait(timeout=min(poll_s, left) if on_poll else left)
+        except subprocess.TimeoutExpired:
+            if on_poll is not None:
+                on_poll(metrics_path)
+
+
+def _kill(process: subprocess.Popen, env: dict[str, str]) -> None:
+    try:  # the group outlives its leader while any member (a Ray worker) is alive
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+    _stop_ray(env)
 
 
 def read_metrics(path: Path) -> list[dict]:

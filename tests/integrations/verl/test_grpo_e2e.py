@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_tlt.quickstart.cli import toy_grpo_overrides
+from verl_tlt.quickstart.recipe import toy_grpo_overrides
 from verl_tlt.quickstart.verl_job import run_verl_job
 from verl_tlt.toy.build import build_toy_world
 

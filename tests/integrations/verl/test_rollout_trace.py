@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from verl_tlt.integrations.verl.rollout_trace import (
     SD_COUNTERS,
@@ -12,6 +13,8 @@ from verl_tlt.integrations.verl.rollout_trace import (
     acceptance_length,
     append_jsonl,
     rollout_summary,
+    rollout_weights_sha256,
+    weights_sha256,
 )
 from verl_tlt.integrations.verl.tlt_runtime import rollout_metrics
 
@@ -166,6 +169,40 @@ def test_append_jsonl_creates_the_directory_and_appends_one_line_per_record(tmp_
     append_jsonl(str(path), {"replica": 1, "extra": [1, 2]})
     lines = path.read_text().splitlines()
     assert [json.loads(line) for line in lines] == [first, {"replica": 1, "extra": [1, 2]}]
+
+
+# ----- weights checksum ------------------------------------------------------------------------------------------
+
+
+def _linear_pair(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+
+
+def test_weights_checksum_is_equal_for_bitwise_copies_and_changes_with_one_ulp():
+    model, copy = _linear_pair(), _linear_pair()
+    assert weights_sha256(model) == weights_sha256(copy)
+    with torch.no_grad():  # the smallest change a float can make: the next representable value of one weight
+        weight = copy[1].weight
+        weight[0, 0] = torch.nextafter(weight[0, 0], torch.tensor(float("inf")))
+    assert weights_sha256(model) != weights_sha256(copy)
+
+
+def test_weights_checksum_tells_apart_a_different_dtype_and_swapped_parameters():
+    model = _linear_pair()
+    assert weights_sha256(model) != weights_sha256(_linear_pair().to(torch.bfloat16))
+    swapped = _linear_pair()
+    with torch.no_grad():  # same multiset of bytes, different places: names are part of the digest
+        swapped[0].bias.copy_(model[0].bias.flip(0))
+    assert weights_sha256(model) != weights_sha256(swapped)
+
+
+def test_rollout_checksum_is_the_replicas_common_one_and_none_when_any_lacks_it_or_they_disagree():
+    a, b = {"weights_sha256": "aa"}, {"weights_sha256": "bb"}
+    assert rollout_weights_sha256([a, None, dict(a)]) == "aa"
+    assert rollout_weights_sha256([a, b]) is None
+    assert rollout_weights_sha256([a, {"replica": 1}]) is None
+    assert rollout_weights_sha256([]) is None
 
 
 # ----- rollout_metrics -------------------------------------------------------------------------------------------

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
 from verl_tlt.drafter.safe_state import STATE_FILE, TENSORS_FILE
 from verl_tlt.integrations.verl.request_seeds import SLOT_AGENT_LOOP
-from verl_tlt.quickstart.cli import toy_grpo_overrides
+from verl_tlt.integrations.verl.rollout_trace import rollout_weights_sha256
+from verl_tlt.quickstart.recipe import toy_grpo_overrides
 from verl_tlt.quickstart.verl_job import read_rollouts, run_verl_job
 from verl_tlt.toy.build import build_toy_world
 from verl_tlt.toy.sft import ensure_toy_target
@@ -23,6 +25,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 ENTRY = "verl_tlt.main_ppo"
 JOB_TIMEOUT_S = 420
+DENSE_REWARD = str(Path(__file__).with_name("dense_reward.py"))
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +39,18 @@ def target():
 
 
 def overrides(
-    world, target, *, steps: int, greedy: bool, tlt: bool, extra: list[str] = (), lr: float = 1e-3, group_size: int = 1
+    world,
+    target,
+    *,
+    steps: int,
+    greedy: bool,
+    tlt: bool,
+    extra: list[str] = (),
+    lr: float = 1e-3,
+    group_size: int = 1,
+    reward_fn: str | None = None,
 ) -> list[str]:
+    """target None: the world's untrained model."""
     result = toy_grpo_overrides(
         world,
         steps=steps,
@@ -47,6 +60,7 @@ def overrides(
         lr=lr,
         model_dir=target,
         replicas=2,
+        reward_fn=reward_fn,
     )
     result += [
         # REINFORCE++ learns from single greedy samples (GRPO's group baseline would zero them), so the policy
@@ -79,10 +93,12 @@ def run(
     env=None,
     lr=1e-3,
     group_size: int = 1,
+    reward_fn: str | None = None,
 ):
     """One verl job (see `overrides`) under the hard timeout."""
+    settings = dict(steps=steps, greedy=greedy, tlt=tlt, extra=extra, lr=lr, group_size=group_size, reward_fn=reward_fn)
     return run_verl_job(
-        overrides(world, target, steps=steps, greedy=greedy, tlt=tlt, extra=extra, lr=lr, group_size=group_size),
+        overrides(world, target, **settings),
         out_dir,
         timeout_s=JOB_TIMEOUT_S,
         entry_module=ENTRY,
@@ -151,34 +167,49 @@ def test_greedy_rollouts_are_identical_with_tlt_on_and_off(world, target, tmp_pa
     # (tests/drafter/test_trainer.py), not by timing a shared machine here.
 
 
-def test_sampled_rollouts_are_identical_with_tlt_on_and_off(world, target, tmp_path):
+def test_sampled_rollouts_are_identical_with_tlt_on_and_off(world, tmp_path):
     # The slot-seeded agent loop seeds each request from its sample slot (request_seeds). Speculative decoding
-    # emits plain decoding's samples under keyed sampling, so with the policy moving (lr 1e-3, REINFORCE++) and 2
-    # samples per prompt, every step's sampled responses must be the same with TLT on and off.
+    # emits plain decoding's samples under keyed sampling, so with the policy moving (lr 1e-3, REINFORCE++ on a dense
+    # reward) and 2 samples per prompt, every step's sampled responses must be the same with TLT on and off.
+    # The policy is the world's untrained model: randomly initialised with small weights, its next-token distribution
+    # is close to uniform over the vocabulary by construction (not by what training on this host produced), so two
+    # samples of a prompt, dozens of tokens each, essentially never coincide (both ending at once is the likeliest
+    # way, about p(eos)^2 per pair). That makes "really sampled" checkable:
+    # under greedy decoding the two samples of every prompt would be the same response and no pair would differ.
     determinism = [f"actor_rollout_ref.rollout.agent.default_agent_loop={SLOT_AGENT_LOOP}"]
     off, on = (
         run(
             world,
-            target,
+            None,
             tmp_path / name,
             greedy=False,
             tlt=tlt,
             group_size=2,
+            reward_fn=DENSE_REWARD,
             extra=[*determinism, f"+actor_rollout_ref.rollout.engine_kwargs.torch.trace_path={tmp_path / name}.jsonl"],
         )
         for name, tlt in (("off", False), ("on", True))
     )
-    for name in ("off", "on"):  # every training request came with its slot's seed
+    weights = {}
+    for name in ("off", "on"):  # every training request came with its slot's seed; every record has its weights
         records = [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
         assert all(r["seeded_requests"] == len(r["response_tokens"]) > 0 for r in records), (name, records)
+        by_step = [[r for r in records if r["rollout_index"] == i] for i in range(3)]
+        weights[name] = [rollout_weights_sha256(step_records) for step_records in by_step]
+        assert None not in weights[name], f"{name}: replicas without a checksum or disagreeing: {records}"
+        assert len(set(weights[name])) == 3, f"{name}: the rollout weights did not change between steps"
+    assert weights["on"][0] == weights["off"][0], "both runs start from the same weights"
     off_responses, on_responses = responses_by_step(off), responses_by_step(on)
     assert sorted(off_responses) == sorted(on_responses) == [1, 2, 3]
     for step in off_responses:
         assert len(off_responses[step]) == 32
-        assert on_responses[step] == off_responses[step], f"step {step}: TLT changed a sampled rollout"
-    for step in (1, 3):  # really sampled: the two samples of a prompt mostly differ
+        same = "equal" if weights["on"][step - 1] == weights["off"][step - 1] else "different"
+        assert on_responses[step] == off_responses[step], (
+            f"step {step}: TLT changed a sampled rollout (rollout weights bitwise {same})"
+        )
+    for step in (1, 3):  # really sampled: the two samples of a prompt differ (greedy: 0 of 16 would)
         outputs = off_responses[step]
-        assert sum(a[1] != b[1] for a, b in zip(outputs[::2], outputs[1::2], strict=True)) >= 8
+        assert sum(a[1] != b[1] for a, b in zip(outputs[::2], outputs[1::2], strict=True)) >= 14
     assert sum(m["tlt/sd/step_share"] for m in on.metrics) > 0, "TLT must have speculated"
     assert all(m["training/rollout_probs_diff_max"] < 1e-4 for m in on.metrics), "SD log-probs must be the target's"
 

@@ -1,4 +1,5 @@
-"""The torch rollout server outside Ray: its engine thread's torch thread count, and the end of a validation."""
+"""The torch rollout server outside Ray: its engine thread's torch thread count, the end of a validation, and the
+weights checksum of traced rollouts."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import torch
 
 from tests.engine.conftest import tiny_qwen2  # noqa: F401
 from tests.openmp_probe import openmp_max_threads_probe
-from verl_tlt.integrations.verl.rollout_trace import RolloutTrace
+from verl_tlt.integrations.verl import torch_server
+from verl_tlt.integrations.verl.rollout_trace import RolloutTrace, weights_sha256
 from verl_tlt.integrations.verl.torch_server import TorchRolloutServer, _build_engine
 from verl_tlt.modeling.model import UnsupportedModelError
 
@@ -40,6 +42,7 @@ def bare_server(model_path, **torch_kwargs) -> TorchRolloutServer:
     server.last_rollout = None
     server._seeded = 0
     server._trace_path = None
+    server._weights_sha256 = None
     server._engine_lock = threading.Lock()
     return server
 
@@ -87,6 +90,40 @@ def test_end_validation_keeps_validation_out_of_the_next_training_record(tiny_qw
     server.sleep()
     assert server.last_rollout["rollout_index"] == 0
     assert server.last_rollout["decode_costs"] == {"1": {"4_1_4": [3, 0.2, 1]}}
+
+
+def _training_rollout_record(server: TorchRolloutServer) -> dict | None:
+    server.trace.on_submit()
+    server.sleep()
+    return server.pop_last_rollout()
+
+
+def test_a_traced_rollout_records_the_checksum_of_the_weights_it_used(tiny_qwen2, tmp_path):  # noqa: F811
+    server = bare_server(tiny_qwen2[0], trace_path=str(tmp_path / "trace.jsonl"))
+    server._run_engine = lambda: None
+    server.init_engine()
+    server.drafter_version = lambda: None
+    first = _training_rollout_record(server)["weights_sha256"]
+    assert first == weights_sha256(server.engine.model)
+    assert _training_rollout_record(server)["weights_sha256"] == first  # nothing loaded in between
+
+    name, view = next(iter(server.engine.model.hf_weight_views().items()))
+    server.update_weights([(name, view + 1e-3)])  # what verl's weight sync does after an actor update
+    changed = _training_rollout_record(server)["weights_sha256"]
+    assert changed != first and changed == weights_sha256(server.engine.model)
+    lines = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
+    assert [line["weights_sha256"] for line in lines] == [first, first, changed]
+
+
+def test_without_a_trace_path_no_checksum_is_computed(tiny_qwen2, monkeypatch):  # noqa: F811
+    server = bare_server(tiny_qwen2[0])
+    server._run_engine = lambda: None
+    server.init_engine()
+    server.drafter_version = lambda: None
+    calls = []
+    monkeypatch.setattr(torch_server, "weights_sha256", lambda model: calls.append(model) or "x")
+    record = _training_rollout_record(server)
+    assert record is not None and "weights_sha256" not in record and calls == []
 
 
 def test_compile_option_reaches_the_engine(tiny_qwen2):  # noqa: F811

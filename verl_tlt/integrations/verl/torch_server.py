@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from verl_tlt.engine import CompletionOutput, RolloutEngine, SamplingParams
-from verl_tlt.integrations.verl.rollout_trace import RolloutTrace, append_jsonl
+from verl_tlt.integrations.verl.rollout_trace import RolloutTrace, append_jsonl, weights_sha256
 from verl_tlt.integrations.verl.torch_rollout_config import torch_rollout_config
 from verl_tlt.modeling.model import UnsupportedModelError
 from verl_tlt.modeling.torch_threads import with_torch_threads
@@ -65,6 +65,7 @@ class TorchRolloutServer:
         self.last_rollout: dict[str, Any] | None = None
         self._trace_path: str | None = None
         self._seeded = 0  # requests of the current rollout that came with a sampling seed (in the trace record)
+        self._weights_sha256: str | None = None  # of the loaded target weights; computed lazily, reset by each load
 
     def init_engine(self) -> None:
         options = torch_rollout_config(self.config)
@@ -180,6 +181,7 @@ class TorchRolloutServer:
     def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]], global_steps: int | None = None) -> int:
         with self._engine_lock:
             loaded = self.engine.load_weights(named_tensors)
+            self._weights_sha256 = None
         if global_steps is not None:
             self.global_steps = global_steps
         return loaded
@@ -268,17 +270,25 @@ class TorchRolloutServer:
 
     def sleep(self) -> None:
         # The rollout phase is over when verl sleeps the replicas: close this replica's record of it.
+        extra = {"drafter_version": self.drafter_version(), "seeded_requests": self._seeded}
         with self._engine_lock:
-            costs = self.engine.decode_costs.take()
-        record = self.trace.close(
-            {"drafter_version": self.drafter_version(), "seeded_requests": self._seeded, "decode_costs": costs}
-        )
+            extra["decode_costs"] = self.engine.decode_costs.take()
+            if self._trace_path and self.trace.start is not None:
+                extra["weights_sha256"] = self._loaded_weights_sha256()
+        record = self.trace.close(extra)
         self._seeded = 0
         if record is not None:
             self.last_rollout = record
             if self._trace_path:
                 append_jsonl(self._trace_path, record)
         self.release_kv_cache()
+
+    def _loaded_weights_sha256(self) -> str:
+        # Only for the trace file (a few ms per rollout on the toy target, more on a big one): weights change only
+        # through update_weights, so one digest per load. Called with the engine lock held.
+        if self._weights_sha256 is None:
+            self._weights_sha256 = weights_sha256(self.engine.model)
+        return self._weights_sha256
 
     def end_validation(self) -> None:
         """Keep what verl's validation generated out of the next training rollout's record and SD counters.

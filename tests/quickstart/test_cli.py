@@ -1,0 +1,62 @@
+"""`verl-tlt quickstart` in the command tree: its parser, options and defaults."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from verl_tlt.quickstart import cli
+from verl_tlt.quickstart.recipe import RUNS
+
+
+def _tree() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="verl-tlt")
+    cli.register(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
+def test_register_adds_quickstart_with_every_run_including_the_control_by_default():
+    args = _tree().parse_args(["quickstart"])
+    assert args.func is cli.run
+    assert args.runs == list(RUNS) and "baseline_repeat" in args.runs
+    assert (args.steps, args.replicas, args.out) == (15, 2, "outputs/quickstart")
+
+
+def test_options_reach_the_parsed_arguments():
+    args = _tree().parse_args(["quickstart", "--steps", "3", "--runs", "baseline", "tlt", "--override", "a=1", "b=2"])
+    assert args.steps == 3 and args.runs == ["baseline", "tlt"] and args.override == ["a=1", "b=2"]
+
+
+@pytest.mark.parametrize("argv", [["--steps", "0"], ["--runs", "fast"]])
+def test_bad_options_are_refused_by_the_parser(argv, capsys):
+    with pytest.raises(SystemExit):
+        _tree().parse_args(["quickstart", *argv])
+    assert "quickstart" in capsys.readouterr().err
+
+
+def test_help_lists_the_options(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert all(option in out for option in ("--steps", "--runs", "--override", "--cache", "--timeout"))
+
+
+def _summary_with_identity(claims: dict) -> dict:
+    return {"runs": {"tlt": []}, "identity": claims, "stage_s": {"verl run: tlt": 1.0}}
+
+
+@pytest.mark.parametrize(("violations", "exit_code"), [([], 0), ([3], 1)])
+def test_the_quickstart_fails_when_equal_weights_gave_different_responses(
+    violations, exit_code, tmp_path, monkeypatch, capsys
+):
+    from verl_tlt.quickstart import runner
+    from verl_tlt.quickstart.identity import identity_claim
+
+    steps = [{"step": s, "weights_equal": True, "responses_equal": s not in violations} for s in (1, 2, 3)]
+    summary = _summary_with_identity({"tlt": identity_claim(steps)})
+    monkeypatch.setattr(runner, "run_comparison", lambda *args, **kwargs: summary)
+    code = cli.main(["--out", str(tmp_path), "--cache", str(tmp_path / "cache"), "--runs", "tlt", "--no-plot"])
+    assert code == exit_code
+    assert ("IDENTITY VIOLATED" in capsys.readouterr().out) is bool(violations)
+    assert (tmp_path / "summary.json").is_file()

@@ -1,0 +1,159 @@
+"""What the quickstart runs: verl GRPO on the toy world on CPU, and the four runs it compares.
+
+- baseline: TLT off. tlt: TLT on, the drafter trained online. frozen: TLT on, the drafter never trained.
+- baseline_repeat: the baseline's config again, the control. Every run samples the same responses as long as their
+  training stays bitwise equal (see the overrides); the control shows whether training on this machine is bitwise
+  reproducible at all, so a difference TLT's runs share with it is not TLT's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from verl_tlt.integrations.verl.request_seeds import SLOT_AGENT_LOOP
+
+BASELINE = "baseline"
+CONTROL = "baseline_repeat"
+# Run name -> its own overrides, in the order the quickstart runs them (the control last: the comparison of the
+# first three is complete if a user stops the quickstart during the control).
+RUNS: dict[str, list[str]] = {
+    BASELINE: ["tlt.enabled=false"],
+    "tlt": ["tlt.enabled=true", "tlt.drafter.train=true"],
+    "frozen": ["tlt.enabled=true", "tlt.drafter.train=false"],
+    CONTROL: ["tlt.enabled=false"],
+}
+# The runs the headline ratios and the table compare.
+COMPARED = (BASELINE, "tlt", "frozen")
+TRACE_FILE = "rollout_trace.jsonl"
+# The first stage: the virtualenv, set up by recipes/quickstart_cpu.sh before Python starts, which passes its time in.
+SETUP_STAGE = "setup (virtualenv)"
+
+# Drafter training for a 1M-parameter target on one CPU core. Replayed on a recorded quickstart run (`verl-tlt
+# bench drafter-replay`, README), 256-token batches at lr 1e-3 followed the drifting policy best for the same
+# compute (about 5 steps per 1024-token step): est. acceptance 1.27x the frozen drafter's vs 1.19x with 1024-token
+# batches; higher lr (3e-3, 1e-2) or a heavier logit loss did not help. Short steps also bound how long training can
+# run past the last response.
+TOY_DRAFTER_OVERRIDES = ["tlt.drafter.max_tokens_per_batch=256", "tlt.drafter.lr=1e-3"]
+# Chains only: on this CPU every tree strategy decodes the toy slower than plain at every batch size, while the
+# chains gain (`verl-tlt bench sd --strategies 8_4_16 6_4_8 4_1_4 2_1_2`, README); exploring the trees would only
+# cost the bandit steps. The default set (with trees) is for accelerators, where verifying more tokens is cheap.
+CPU_STRATEGY_OVERRIDES = ['tlt.speculative.strategies=["4_1_4","2_1_2"]']
+
+
+def toy_grpo_overrides(
+    world,
+    *,
+    steps: int,
+    batch_size: int,
+    group_size: int,
+    max_response_length: int,
+    lr: float,
+    reward_fn: str | None = None,
+    model_dir: str | Path | None = None,
+    replicas: int = 1,
+) -> list[str]:
+    """verl overrides for GRPO on the toy world on CPU (everything platform-specific comes from +cpu=torch).
+
+    model_dir: the actor's initial weights (default: the world's untrained model), e.g. the SFT toy target.
+    replicas: trainer workers = rollout replicas (one CPU core each); each worker gets an equal share of a batch.
+    """
+    if (batch_size * group_size) % replicas:
+        raise ValueError(f"{batch_size} prompts x {group_size} samples do not split evenly over {replicas} replicas")
+    mini_batch = batch_size
+    micro_batch = batch_size * group_size // replicas
+    return [
+        "+cpu=torch",
+        "algorithm.adv_estimator=grpo",
+        f"data.train_files={world.train_parquet}",
+        f"data.val_files={world.val_parquet}",
+        f"data.train_batch_size={batch_size}",
+        "data.max_prompt_length=16",
+        f"data.max_response_length={max_response_length}",
+        f"actor_rollout_ref.model.path={model_dir or world.model_dir}",
+        f"actor_rollout_ref.actor.optim.lr={lr}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={mini_batch}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro_batch}",
+        "actor_rollout_ref.actor.use_kl_loss=false",
+        f"actor_rollout_ref.rollout.n={group_size}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro_batch}",
+        f"reward.custom_reward_function.path={reward_fn or world.reward_fn}",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+        f"trainer.n_gpus_per_node={replicas}",
+        "trainer.save_freq=-1",
+        f"trainer.total_training_steps={steps}",
+        "trainer.project_name=verl_tlt_quickstart",
+        "trainer.experiment_name=toy_grpo",
+    ]
+
+
+def quickstart_overrides(
+    world,
+    target: Path,
+    drafter: Path,
+    *,
+    steps: int,
+    batch_size: int,
+    group_size: int,
+    max_response_length: int,
+    lr: float,
+    replicas: int,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The overrides every run shares: toy GRPO from the SFT target, the concise reward, the warmed-up drafter, the
+    CPU settings of TLT, then `extra` (last, so they win)."""
+    common = toy_grpo_overrides(
+        world,
+        steps=steps,
+        batch_size=batch_size,
+        group_size=group_size,
+        max_response_length=max_response_length,
+        lr=lr,
+        model_dir=target,
+        replicas=replicas,
+    )
+    return [
+        *common,
+        # Requests named after their sample slot, whose keyed sampling the torch rollout seeds from that name: every
+        # slot samples alike in all runs, and speculative decoding changes no token, so the runs differ in how fast
+        # they decode, not in what they sample (as long as training, which then sees the same samples, stays
+        # bitwise the same: the weight checksums in the rollout traces show whether it did).
+        f"actor_rollout_ref.rollout.agent.default_agent_loop={SLOT_AGENT_LOOP}",
+        "reward.custom_reward_function.name=compute_score_concise",
+        f"tlt.drafter.init={drafter}",
+        *TOY_DRAFTER_OVERRIDES,
+        *CPU_STRATEGY_OVERRIDES,
+        *extra,
+    ]
+
+
+def run_overrides(name: str, common: list[str], run_dir: Path) -> list[str]:
+    """One run's full overrides: the shared ones, the run's own, and its rollout trace (with weight checksums)."""
+    if name not in RUNS:
+        raise ValueError(f"Unknown quickstart run {name!r}; choose from {list(RUNS)}")
+    trace = f"+actor_rollout_ref.rollout.engine_kwargs.torch.trace_path={run_dir / TRACE_FILE}"
+    return [*common, *RUNS[name], trace]
+
+
+def check_same_tokenizer(world_model_dir: Path, actor_dir: Path) -> None:
+    """The parquet prompts and the reward parse text in the world's tokenizer; the actor must use the same one.
+
+    Compared by behaviour (vocabulary, chat template, a round trip), not by file bytes, which may differ
+    harmlessly across transformers versions.
+    """
+    from transformers import AutoTokenizer
+
+    world, actor = (AutoTokenizer.from_pretrained(str(d)) for d in (world_model_dir, actor_dir))
+    sample = "23 - 7 = 16 ; 16 - 7 = 9 ; 9 - 7 = 2 ; 2 - 7 < 0 ; # 2"
+    same = (
+        world.get_vocab() == actor.get_vocab()
+        and world.chat_template == actor.chat_template
+        and world.encode(sample, add_special_tokens=False) == actor.encode(sample, add_special_tokens=False)
+        and actor.decode(actor.encode(sample, add_special_tokens=False)) == sample
+    )
+    if not same:
+        raise RuntimeError(
+            f"The tokenizer in {actor_dir} differs from the toy world's ({world_model_dir}): the actor would read "
+            "the prompts and write responses in another tokenisation. Delete the stale cache entries and rerun."
+        )

@@ -1,0 +1,158 @@
+"""The quickstart's printed report, from its summary (summary.json): the per-step table, the headline numbers, the
+identity claim per run with the control beside it, and how long each stage took. Pure text formatting."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from verl_tlt.progress import format_duration
+from verl_tlt.quickstart.recipe import BASELINE, COMPARED, CONTROL, SETUP_STAGE
+from verl_tlt.quickstart.summary import format_decode_costs, format_table
+
+
+def format_report(summary: dict[str, Any]) -> str:
+    """Everything the quickstart prints after its runs, as one text."""
+    runs = summary["runs"]
+    lines = []
+    if all(name in runs for name in COMPARED):
+        lines += [format_table(runs), "", *headline_lines(summary)]
+    else:
+        lines.append(f"partial run set {list(runs)}: no comparison table or headline (they need {list(COMPARED)})")
+        lines += [_run_digest(name, rows) for name, rows in runs.items()]
+    lines += ["", *identity_lines(summary.get("identity", {}), control_ran=CONTROL in runs)]
+    lines += ["", format_stage_times(summary.get("stage_s", {}))]
+    return "\n".join(lines)
+
+
+def identity_lines(identity: dict[str, dict[str, Any]], *, control_ran: bool) -> list[str]:
+    """One line per run against the baseline, a violation banner if any, and what the control says."""
+    if not identity:
+        return [f"identity with the baseline: not checked (no {BASELINE!r} run)"]
+    lines = ["identity with the baseline (rollout weights by checksum, sampled responses by content):"]
+    for name, claim in identity.items():
+        label = f"{name} (control: TLT off, same config)" if name == CONTROL else name
+        lines.append(f"  {label}: {claim_text(claim, control=name == CONTROL)}")
+    violators = [name for name, claim in identity.items() if claim["violations"]]
+    if violators:
+        lines.insert(0, "!" * 100)
+        lines.insert(1, f"!!! IDENTITY VIOLATED in {violators}: different responses from bitwise-equal weights")
+        lines.insert(2, "!" * 100)
+    lines.append(f"  {control_text(identity, control_ran=control_ran)}")
+    return lines
+
+
+def claim_text(claim: dict[str, Any], *, control: bool = False) -> str:
+    """A run's identity claim in words (see identity.identity_claim)."""
+    equal, identical = claim["weights_equal_steps"], claim["responses_equal_at_equal_weights"]
+    first, total = claim["weights_first_differ_step"], claim["num_steps"]
+    if claim["violations"]:
+        why = (
+            "the rollout is not deterministic given its weights (TLT is off here: not TLT's doing)"
+            if control
+            else "speculative decoding was not lossless: a TLT bug, please report it"
+        )
+        return (
+            f"VIOLATION: responses differ from the baseline's at step(s) {claim['violations']} although the rollout "
+            f"weights were bitwise equal ({identical}/{equal} equal-weight steps identical); {why}"
+        )
+    if equal == 0 and first is None:
+        return (
+            f"no weight checksums to compare (rollout traces missing them); responses equal to the baseline's at "
+            f"{claim['responses_equal_steps']}/{total} steps, the cause of any difference unknown"
+        )
+    if claim["holds"]:
+        text = (
+            "sampled responses identical to the baseline's at every step whose rollout weights were bitwise equal "
+            f"to the baseline's ({identical}/{equal})"
+        )
+    else:
+        text = (
+            f"sampled responses identical to the baseline's at {identical}/{equal} steps whose rollout weights were "
+            f"bitwise equal to the baseline's (the others lack a rollout dump to compare)"
+        )
+    if first is None:
+        return text + f"; weights bitwise equal at every step checked ({equal}/{total})"
+    after = [s for s in claim["steps"] if s["step"] >= first]
+    same_after = sum(s["responses_equal"] is True for s in after)
+    return text + f"; weights first differed at step {first} (responses equal at {same_after}/{len(after)} from there)"
+
+
+def control_text(identity: dict[str, dict[str, Any]], *, control_ran: bool) -> str:
+    """What the control run says about the other runs' differences from the baseline."""
+    if not control_ran or CONTROL not in identity:
+        return f"control: not run ({CONTROL!r} not in --runs), so whether training is reproducible here is unchecked"
+    control = identity[CONTROL]
+    diverged = [n for n, c in identity.items() if n != CONTROL and c["weights_first_differ_step"] is not None]
+    if control["weights_first_differ_step"] is not None:
+        return (
+            f"control: with TLT off, the same config's weights also diverged from the baseline's (first at step "
+            f"{control['weights_first_differ_step']}): verl's training here is not bitwise reproducible run to run, "
+            "so responses that differ once weights differ are not evidence against TLT"
+        )
+    if control["weights_equal_steps"] == 0:
+        return "control: no weight checksums to compare"
+    if diverged:
+        return (
+            f"control: the repeated baseline kept bitwise-equal weights at every step, but {diverged} diverged: "
+            "training came out differently from identical samples there (chance, or something TLT changes in "
+            "training such as the order samples reach it), not a change in what was sampled"
+        )
+    return "control: the repeated baseline, like every run, kept bitwise-equal weights at every step"
+
+
+def format_stage_times(stage_s: dict[str, float]) -> str:
+    """`stage timings:` then one line per stage, then the total."""
+    if not stage_s:
+        return "stage timings: none recorded"
+    width = max(len(name) for name in stage_s)
+    lines = ["stage timings:"]
+    lines += [f"  {name:<{width}}  {format_duration(seconds):>12}" for name, seconds in stage_s.items()]
+    lines.append(f"  {'total':<{width}}  {format_duration(sum(stage_s.values())):>12}")
+    if SETUP_STAGE not in stage_s:
+        lines.append(f"  ({SETUP_STAGE} not measured: recipes/quickstart_cpu.sh measures it)")
+    return "\n".join(lines)
+
+
+def headline_lines(summary: dict[str, Any]) -> list[str]:
+    """The headline numbers of the baseline / TLT / frozen comparison (see summary.headline)."""
+
+    def show(value):
+        return "n/a" if value is None else f"{value:.2f}"
+
+    tail = summary["tail_extension_s"]
+    paired, chain = summary["paired_est_acceptance_last3"], summary["paired_chain_acceptance_last3"]
+    lines = [
+        f"acceptance length, mean of the last 3 steps: online {show(summary['acceptance_online_last3'])} vs "
+        f"frozen {show(summary['acceptance_frozen_last3'])} "
+        f"(ratio {show(summary['acceptance_ratio_online_vs_frozen'])}; frozen at step 1: "
+        f"{show(summary['acceptance_frozen_first'])})"
+    ]
+    for name, scores in summary["acceptance_by_strategy_last3"].items():
+        lines.append(
+            f"  {name} steps only: online {show(scores['online'])} vs frozen {show(scores['frozen'])} "
+            f"(ratio {show(scores['ratio'])})"
+        )
+    lines += [
+        f"same samples (TLT run, teacher-forced estimate, last 3 steps): online {show(paired['online'])} vs "
+        f"initial drafter {show(paired['frozen'])} (ratio {show(summary['paired_acceptance_ratio_online_vs_frozen'])};"
+        f" for keyed drafts {show(summary['paired_coupled_acceptance_ratio_online_vs_frozen'])})",
+        f"  keyed chain of 4 from the drafter's own features (the engine's 4_1_4): online {show(chain['online'])} vs "
+        f"initial drafter {show(chain['frozen'])}",
+        f"rollout time TLT / baseline: {show(summary['rollout_time_ratio_tlt_vs_baseline'])} "
+        f"(server-measured, all steps); step time TLT / baseline: {show(summary['step_time_ratio_tlt_vs_baseline'])}",
+        f"tail extension (last response -> replicas asleep), mean: baseline {show(tail['baseline_mean'])} s, "
+        f"TLT {show(tail['tlt_mean'])} s; spot training ran on after the last response for at most "
+        f"{show(tail['tlt_spot_overrun_max'])} s (one drafter step: {show(tail['drafter_step_s_max'])} s)",
+        "decode ms per committed token by running batch size (plain / speculative steps):",
+        format_decode_costs(summary["decode_ms_per_token_by_batch"]),
+        f"idle replica-seconds {summary['idle_replica_s']:.1f}, of which used for drafter training "
+        f"{100 * summary['idle_share_used_for_training']:.0f}%",
+    ]
+    return lines
+
+
+def _run_digest(name: str, rows: list[dict]) -> str:
+    rollout = sum(r.get("rollout_s") or 0.0 for r in rows)
+    accepted = [r["sd_acceptance_length"] for r in rows if r.get("sd_acceptance_length") is not None]
+    last = f", last acceptance length {accepted[-1]:.2f}" if accepted else ""
+    return f"  {name}: {len(rows)} steps, rollout {rollout:.1f} s in all (server-measured){last}"

@@ -1,0 +1,203 @@
+"""Running the quickstart: its stages (the toy world, target and drafter, then one verl job per run), each timed,
+the verl jobs with progress lines while they run, and the summary of it all (written as summary.json)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from verl_tlt.engine.decode_stats import ms_per_token_by_batch
+from verl_tlt.progress import format_duration
+from verl_tlt.quickstart.identity import identity_by_run, responses_by_step, same_responses_steps
+from verl_tlt.quickstart.job_progress import JobProgress
+from verl_tlt.quickstart.recipe import (
+    COMPARED,
+    CONTROL,
+    RUNS,
+    SETUP_STAGE,
+    TRACE_FILE,
+    check_same_tokenizer,
+    quickstart_overrides,
+    run_overrides,
+)
+from verl_tlt.quickstart.summary import headline, read_trace, step_rows
+from verl_tlt.quickstart.verl_job import read_rollouts, run_verl_job
+
+logger = logging.getLogger(__name__)
+
+# Set by recipes/quickstart_cpu.sh: the seconds `scripts/setup_env.sh` took (creating or checking the virtualenv),
+# which happens before Python starts and so cannot be timed from here.
+SETUP_SECONDS_ENV = "VERL_TLT_SETUP_S"
+
+
+class StageTimer:
+    """Wall seconds per named stage, in the order the stages ran."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.seconds: dict[str, float] = {}
+        self._clock = clock
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        start = self._clock()
+        yield
+        self.add(name, self._clock() - start)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.seconds[name] = round(seconds, 1)
+        logger.info("stage %s: %s", name, format_duration(seconds))
+
+
+def setup_seconds(environ: Mapping[str, str] = os.environ) -> float | None:
+    """The setup stage's seconds passed in by the recipe script, or None when not run through it."""
+    value = environ.get(SETUP_SECONDS_ENV)
+    if value is None or value == "":
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise ValueError(
+            f"{SETUP_SECONDS_ENV}={value!r} is not a number of seconds >= 0 (recipes/quickstart_cpu.sh sets it to "
+            f"how long the virtualenv setup took); unset it or set a number"
+        )
+    return seconds
+
+
+@dataclass(frozen=True)
+class ToyInputs:
+    world: Any  # verl_tlt.toy.build.ToyWorld
+    target: Path
+    drafter: Path
+
+
+def prepare_toy(cache: Path, timer: StageTimer) -> ToyInputs:
+    """The toy world, the SFT toy target and its warmed-up drafter: built once into `cache`, reused afterwards."""
+    from verl_tlt.toy.build import build_toy_world
+    from verl_tlt.toy.drafter import ensure_toy_drafter
+    from verl_tlt.toy.sft import DRIFTING_COMPACT_SHARE, ensure_toy_target
+
+    with timer.stage("toy world"):
+        world = build_toy_world(cache / "toy-world")
+    logger.info("toy world: %s", world.root)
+    with timer.stage("toy target"):
+        target = ensure_toy_target(cache, compact_share=DRIFTING_COMPACT_SHARE)
+        check_same_tokenizer(world.model_dir, target)
+    with timer.stage("drafter"):
+        drafter = ensure_toy_drafter(cache, compact_share=DRIFTING_COMPACT_SHARE)
+    logger.info("actor: toy target %s; drafter warmed up on it: %s", target, drafter)
+    return ToyInputs(world, target, drafter)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    rows: list[dict]  # summary.step_rows
+    responses: dict[int, list[tuple[str, str]]]  # identity.responses_by_step
+    decode: dict[str, dict[str, float]]  # decode ms per token by batch-size group (ms_per_token_by_batch)
+    wall_s: float
+
+
+def run_one(
+    name: str,
+    common: list[str],
+    run_dir: Path,
+    *,
+    steps: int,
+    timeout_s: float,
+    expected_s: float | None = None,
+) -> RunResult:
+    """One run of the comparison as a verl job, reporting its progress, and what its outputs say per step."""
+    run_dir = run_dir.resolve()
+    (run_dir / TRACE_FILE).unlink(missing_ok=True)
+    logger.info("run %s (%d steps)", name, steps)
+    progress = JobProgress(name, steps, expected_s=expected_s)
+    result = run_verl_job(
+        run_overrides(name, common, run_dir),
+        run_dir,
+        timeout_s=timeout_s,
+        entry_module="verl_tlt.main_ppo",
+        on_poll=progress,
+    )
+    rollouts = {m["step"]: read_rollouts(result.rollout_dump_dir, m["step"]) for m in result.metrics}
+    trace = read_trace(run_dir / TRACE_FILE)
+    decode = ms_per_token_by_batch([r.get("decode_costs") or {} for records in trace.values() for r in records])
+    return RunResult(step_rows(result.metrics, trace, rollouts), responses_by_step(rollouts), decode, result.wall_s)
+
+
+def run_comparison(
+    cache: Path,
+    out: Path,
+    *,
+    runs: Sequence[str] = tuple(RUNS),
+    steps: int,
+    batch_size: int,
+    group_size: int,
+    max_response_length: int,
+    lr: float,
+    replicas: int,
+    timeout_s: float,
+    extra: Sequence[str] = (),
+) -> dict[str, Any]:
+    """All stages of the quickstart; returns its summary (see the keys below)."""
+    timer = StageTimer()
+    setup = setup_seconds()
+    if setup is not None:
+        timer.add(SETUP_STAGE, setup)
+    missing = [name for name in RUNS if name not in runs]
+    if missing:
+        logger.warning("runs %s left out (--runs): the report will lack what needs them", missing)
+    toy = prepare_toy(cache, timer)
+    common = quickstart_overrides(
+        toy.world,
+        toy.target,
+        toy.drafter,
+        steps=steps,
+        batch_size=batch_size,
+        group_size=group_size,
+        max_response_length=max_response_length,
+        lr=lr,
+        replicas=replicas,
+        extra=extra,
+    )
+    results: dict[str, RunResult] = {}
+    for name in runs:
+        previous = list(results.values())[-1].wall_s if results else None
+        with timer.stage(f"verl run: {name}"):
+            results[name] = run_one(name, common, out / name, steps=steps, timeout_s=timeout_s, expected_s=previous)
+    return build_summary(results, timer.seconds, replicas=replicas, overrides=common, missing=missing)
+
+
+def build_summary(
+    results: dict[str, RunResult],
+    stage_s: dict[str, float],
+    *,
+    replicas: int,
+    overrides: list[str],
+    missing: list[str],
+) -> dict[str, Any]:
+    runs = {name: r.rows for name, r in results.items()}
+    responses = {name: r.responses for name, r in results.items()}
+    return {
+        "job": f"toy GRPO on CPU, torch rollout, {replicas} replicas: baseline vs TLT vs TLT with a frozen drafter, "
+        f"and the baseline repeated ({CONTROL}) as a control",
+        "missing_runs": missing,
+        **(headline(runs) if all(name in runs for name in COMPARED) else {}),
+        # Per run and step against the baseline: rollout weights bitwise equal? sampled responses equal?
+        "identity": identity_by_run(runs, responses),
+        "steps_with_baseline_responses": same_responses_steps(responses),
+        # Decode ms per committed token by batch-size group (powers of two), plain and speculative steps, over the
+        # run's rollouts: whether speculation paid at each batch size. Plain and SD steps of one run ran at the same
+        # moments; across runs the machine's drift is in the comparison too.
+        "decode_ms_per_token_by_batch": {name: r.decode for name, r in results.items()},
+        "stage_s": stage_s,
+        "wall_s": {name: round(r.wall_s, 1) for name, r in results.items()},
+        "runs": runs,
+        "overrides": overrides,
+    }
