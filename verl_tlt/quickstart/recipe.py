@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from verl_tlt.integrations.verl.request_seeds import SLOT_AGENT_LOOP
+from verl_tlt.integrations.verl.same_samples import SAME_SAMPLES_OVERRIDES
 
 BASELINE = "baseline"
 CONTROL = "baseline_repeat"
@@ -115,11 +115,10 @@ def quickstart_overrides(
     )
     return [
         *common,
-        # Requests named after their sample slot, whose keyed sampling the torch rollout seeds from that name: every
-        # slot samples alike in all runs, and speculative decoding changes no token, so the runs differ in how fast
-        # they decode, not in what they sample (as long as training, which then sees the same samples, stays
-        # bitwise the same: the weight checksums in the rollout traces show whether it did).
-        f"actor_rollout_ref.rollout.agent.default_agent_loop={SLOT_AGENT_LOOP}",
+        # Every slot samples alike in all runs and every batch is trained on in slot order, so the runs train to the
+        # same weights and differ in how fast they decode, not in what they sample (the weight checksums in the
+        # rollout traces, and the control run, check it).
+        *SAME_SAMPLES_OVERRIDES,
         "reward.custom_reward_function.name=compute_score_concise",
         f"tlt.drafter.init={drafter}",
         *TOY_DRAFTER_OVERRIDES,

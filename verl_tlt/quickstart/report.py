@@ -86,16 +86,16 @@ def control_text(identity: dict[str, dict[str, Any]], *, control_ran: bool) -> s
     if control["weights_first_differ_step"] is not None:
         return (
             f"control: with TLT off, the same config's weights also diverged from the baseline's (first at step "
-            f"{control['weights_first_differ_step']}): verl's training here is not bitwise reproducible run to run, "
-            "so responses that differ once weights differ are not evidence against TLT"
+            f"{control['weights_first_differ_step']}): training here is not bitwise reproducible run to run even with "
+            "batches in slot order, so responses that differ once weights differ are not evidence against TLT"
         )
     if control["weights_equal_steps"] == 0:
         return "control: no weight checksums to compare"
     if diverged:
         return (
             f"control: the repeated baseline kept bitwise-equal weights at every step, but {diverged} diverged: "
-            "training came out differently from identical samples there (chance, or something TLT changes in "
-            "training such as the order samples reach it), not a change in what was sampled"
+            "training came out differently from identical samples there: something in that run changed how the "
+            "actor trains, not what was sampled"
         )
     return "control: the repeated baseline, like every run, kept bitwise-equal weights at every step"
 

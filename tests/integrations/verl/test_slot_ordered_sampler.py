@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from verl_tlt.integrations.verl.slot_ordered_sampler import SAMPLER_NAME, SAMPLER_PATH, slot_key, slot_order
+from verl_tlt.integrations.verl.same_samples import SAMPLER_NAME, SAMPLER_PATH
+from verl_tlt.integrations.verl.slot_ordered_sampler import slot_key, slot_order
 
 
 def sample(uid: str, index: int | None, session: int, output: int = 0, step: int = 3, prompt=(5, 6)):

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from verl_tlt.drafter.safe_state import STATE_FILE, TENSORS_FILE
-from verl_tlt.integrations.verl.request_seeds import SLOT_AGENT_LOOP
 from verl_tlt.integrations.verl.rollout_trace import rollout_weights_sha256
+from verl_tlt.integrations.verl.same_samples import SAME_SAMPLES_OVERRIDES
 from verl_tlt.quickstart.recipe import toy_grpo_overrides
 from verl_tlt.quickstart.verl_job import read_rollouts, run_verl_job
 from verl_tlt.toy.build import build_toy_world
@@ -112,7 +112,7 @@ def tlt_metrics(metrics: dict) -> dict[str, float]:
 
 def test_greedy_rollouts_are_identical_with_tlt_on_and_off(world, target, tmp_path):
     # Validation after step 2 (and the last step): verl validates without sleeping the replicas.
-    validate = ["trainer.test_freq=2"]
+    validate = ["trainer.test_freq=2", *SAME_SAMPLES_OVERRIDES]
     off, on = (
         run(world, target, tmp_path / name, greedy=True, tlt=tlt, extra=validate)
         for name, tlt in (("off", False), ("on", True))
@@ -168,15 +168,16 @@ def test_greedy_rollouts_are_identical_with_tlt_on_and_off(world, target, tmp_pa
 
 
 def test_sampled_rollouts_are_identical_with_tlt_on_and_off(world, tmp_path):
-    # The slot-seeded agent loop seeds each request from its sample slot (request_seeds). Speculative decoding
-    # emits plain decoding's samples under keyed sampling, so with the policy moving (lr 1e-3, REINFORCE++ on a dense
-    # reward) and 2 samples per prompt, every step's sampled responses must be the same with TLT on and off.
+    # The slot-seeded agent loop seeds each request from its sample slot (request_seeds), and the slot-ordered
+    # sampler trains on every batch in slot order (same_samples). Speculative decoding emits plain decoding's samples
+    # under keyed sampling, so with the policy moving (lr 1e-3, REINFORCE++ on a dense reward) and 2 samples per
+    # prompt, the weights and every step's sampled responses must be the same with TLT on and off.
     # The policy is the world's untrained model: randomly initialised with small weights, its next-token distribution
     # is close to uniform over the vocabulary by construction (not by what training on this host produced), so two
     # samples of a prompt, dozens of tokens each, essentially never coincide (both ending at once is the likeliest
     # way, about p(eos)^2 per pair). That makes "really sampled" checkable:
     # under greedy decoding the two samples of every prompt would be the same response and no pair would differ.
-    determinism = [f"actor_rollout_ref.rollout.agent.default_agent_loop={SLOT_AGENT_LOOP}"]
+    determinism = list(SAME_SAMPLES_OVERRIDES)
     off, on = (
         run(
             world,
@@ -198,15 +199,13 @@ def test_sampled_rollouts_are_identical_with_tlt_on_and_off(world, tmp_path):
         weights[name] = [rollout_weights_sha256(step_records) for step_records in by_step]
         assert None not in weights[name], f"{name}: replicas without a checksum or disagreeing: {records}"
         assert len(set(weights[name])) == 3, f"{name}: the rollout weights did not change between steps"
-    assert weights["on"][0] == weights["off"][0], "both runs start from the same weights"
+    # Batches trained on in slot order (the slot-ordered sampler): TLT changes nothing in training, bit for bit.
+    assert weights["on"] == weights["off"], "TLT changed the actor's training (rollout weights differ)"
     off_responses, on_responses = responses_by_step(off), responses_by_step(on)
     assert sorted(off_responses) == sorted(on_responses) == [1, 2, 3]
     for step in off_responses:
         assert len(off_responses[step]) == 32
-        same = "equal" if weights["on"][step - 1] == weights["off"][step - 1] else "different"
-        assert on_responses[step] == off_responses[step], (
-            f"step {step}: TLT changed a sampled rollout (rollout weights bitwise {same})"
-        )
+        assert on_responses[step] == off_responses[step], f"step {step}: TLT changed a sampled rollout"
     for step in (1, 3):  # really sampled: the two samples of a prompt differ (greedy: 0 of 16 would)
         outputs = off_responses[step]
         assert sum(a[1] != b[1] for a, b in zip(outputs[::2], outputs[1::2], strict=True)) >= 14

@@ -13,10 +13,10 @@ dataset index, the sample's number in its group, the output's number within the 
 sum is fixed. With it, and with the slot-seeded agent loop, runs of one config train to the same weights step after
 step whatever the timing, so a run with TLT on can be compared with one with TLT off token for token, at every step.
 
-Enable it through verl's own seam for custom samplers:
-`trainer.v1.sampler.custom_sampler.path=pkg://verl_tlt.integrations.verl.slot_ordered_sampler`
-`trainer.v1.sampler.custom_sampler.name=SlotOrderedReplayBuffer` (the quickstart and the e2e tests do). It extends
-the sync trainer's buffer and supports what verl passes a custom sampler; DAPO group filtering is not among that.
+It is enabled through verl's own seam for custom samplers (`trainer.v1.sampler.custom_sampler.{path,name}`, listed
+with the slot-seeded agent loop in `same_samples.SAME_SAMPLES_OVERRIDES`; the quickstart and the e2e tests use them).
+It extends the sync trainer's buffer and supports what verl passes a custom sampler; DAPO group filtering is not
+among that.
 """
 
 from __future__ import annotations
@@ -28,13 +28,8 @@ import transfer_queue as tq
 from transfer_queue.metadata import KVBatchMeta
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
-SAMPLER_PATH = "pkg://verl_tlt.integrations.verl.slot_ordered_sampler"
-SAMPLER_NAME = "SlotOrderedReplayBuffer"
-# The verl overrides that select this sampler.
-SAMPLER_OVERRIDES = (
-    f"trainer.v1.sampler.custom_sampler.path={SAMPLER_PATH}",
-    f"trainer.v1.sampler.custom_sampler.name={SAMPLER_NAME}",
-)
+from verl_tlt.integrations.verl.same_samples import SAMPLER_NAME
+
 # Per-sample fields read back from the transfer queue to find each sample's slot.
 SLOT_FIELDS = ["index", "prompts"]
 
