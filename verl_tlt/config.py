@@ -48,7 +48,7 @@ class SpeculativeConfig:
             "help": "Lower bounds of the batch-size buckets, ascending from 1; each bucket learns its own best "
             "strategy (the default keeps its bounds up to threshold). Fine at small sizes, where the SD speedup "
             "changes fastest with the batch and the tail spends most of its steps: arms are compared on steps of one "
-            "bucket, and wide buckets mix sizes whose best arms differ (verl-tlt bench replay, README)."
+            "bucket, and wide buckets mix sizes whose best arms differ (verl-tlt bench replay shows the effect)."
         },
     )
     strategies: tuple[str, ...] = field(

@@ -1,7 +1,7 @@
 """nn.Linear whose CPU inference forwards run from weight copies laid out for the fastest kernel at that size.
 
 Why: in fp32 on CPU, `nn.Linear` goes to the BLAS GEMM (MKL in the stock wheels), and two other kernels beat it
-by shape on the machines we measured (`verl-tlt bench engine`; the table in the README):
+by shape (measure with `verl-tlt bench engine`):
 - a product with a large weight goes faster through oneDNN with the weight pre-packed into its blocked layout
   (the route torch.compile's CPU backend and IPEX take): up to 4.5x on an AMD EPYC (AVX-512), where MKL does not
   use its fastest kernels;

@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "~/.cache/verl-tlt)",
     )
     # The drift (compact share 5% -> ~90%) is complete by about step 8 at lr 5e-4; the steps after it show whether the
-    # online drafter catches up with the drifted policy while the frozen one stays behind (README, quickstart table).
+    # online drafter catches up with the drifted policy while the frozen one stays behind.
     parser.add_argument("--steps", type=_positive_int, default=15, help="GRPO steps per run")
     parser.add_argument("--batch-size", type=int, default=16, help="prompts per step")
     parser.add_argument("--group-size", type=int, default=8, help="GRPO samples per prompt (rollout.n)")

@@ -29,14 +29,12 @@ TRACE_FILE = "rollout_trace.jsonl"
 # The first stage: the virtualenv, set up by recipes/quickstart_cpu.sh before Python starts, which passes its time in.
 SETUP_STAGE = "setup (virtualenv)"
 
-# Drafter training for a 1M-parameter target on one CPU core. Replayed on a recorded quickstart run (`verl-tlt
-# bench drafter-replay`, README), 256-token batches at lr 1e-3 followed the drifting policy best for the same
-# compute (about 5 steps per 1024-token step): est. acceptance 1.27x the frozen drafter's vs 1.19x with 1024-token
-# batches; higher lr (3e-3, 1e-2) or a heavier logit loss did not help. Short steps also bound how long training can
-# run past the last response.
+# Drafter training for a 1M-parameter target on one CPU core: for the same compute, many small batches at a moderate
+# lr follow the drifting policy better than a few large ones (judge a change with `verl-tlt bench drafter-replay` on
+# a recorded run). Short steps also bound how long training can run past the last response.
 TOY_DRAFTER_OVERRIDES = ["tlt.drafter.max_tokens_per_batch=256", "tlt.drafter.lr=1e-3"]
 # Chains only: on this CPU every tree strategy decodes the toy slower than plain at every batch size, while the
-# chains gain (`verl-tlt bench sd --strategies 8_4_16 6_4_8 4_1_4 2_1_2`, README); exploring the trees would only
+# chains gain (`verl-tlt bench sd --strategies 8_4_16 6_4_8 4_1_4 2_1_2` shows it); exploring the trees would only
 # cost the bandit steps. The default set (with trees) is for accelerators, where verifying more tokens is cheap.
 CPU_STRATEGY_OVERRIDES = ['tlt.speculative.strategies=["4_1_4","2_1_2"]']
 

@@ -116,7 +116,7 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
 
 
 def headline(runs: dict[str, list[dict]]) -> dict[str, Any]:
-    """The numbers the README reports, from the rows of the runs 'baseline', 'tlt' and 'frozen'."""
+    """The headline numbers the quickstart prints, from the rows of the runs 'baseline', 'tlt' and 'frozen'."""
     base, tlt, frozen = runs["baseline"], runs["tlt"], runs["frozen"]
     online_last = _last_mean(tlt, "sd_acceptance_length")
     frozen_last = _last_mean(frozen, "sd_acceptance_length")

@@ -1,6 +1,6 @@
 """Write `csub` problems in verl's RL parquet format (one row per prompt).
 
-Columns are the ones verl's RLHFDataset and reward managers read (reference/cpu.md §4): `data_source`,
+Columns are the ones verl's RLHFDataset and reward managers read: `data_source`,
 `prompt` (chat messages, rendered by the tokenizer's chat template), `ability`, `reward_model` (with the
 `ground_truth` remainder as a string) and `extra_info`. `extra_info` also carries `n` and `d`, because verl
 passes `extra_info` to the reward function and the partial-credit rule needs the problem, not just the answer.

@@ -13,19 +13,15 @@ from verl_tlt.toy.task import make_problems
 TOY_DRAFTER_VERSION = 4
 WARMUP_PROMPTS = 512
 WARMUP_STEPS = 1200
-# Answers at both temperatures: greedy and sampled rollouts each get a drafter that knows them. On the toy
-# target this recipe (measured 2026-11-29) gave acceptance lengths ~7 with 8_4_16, against ~3.5 for 600 steps
-# at lr 3e-4 on T=1 answers alone.
+# Answers at both temperatures: greedy and sampled rollouts each get a drafter that knows them (sampled answers
+# alone left the drafter about half as good on greedy ones).
 WARMUP_TEMPERATURES = (0.0, 1.0)
-# Longer than the toy world's longest solution (937 tokens, README "The toy world") so the drafter sees the
-# positions of the long tail it is meant to speed up; with 512 its acceptance fell from ~4.2 to ~2.6 (4_1_4,
-# greedy) on the second half of a 1024-token answer (measured 2026-11-29, v2 drafter).
+# Longer than the toy world's longest solution (937 tokens) so the drafter sees the positions of the long tail it
+# is meant to speed up; a drafter that never saw such positions is accepted far less late in a long answer.
 WARMUP_MAX_TOKENS = 1024
-# Trained on its own chain to depth 3 (v4): on 32 fresh prompts at batch 1 this raised acceptance (greedy / T=1) from
-# 4.37 / 4.20 to 4.68 / 4.34 with 4_1_4 and from 7.76 / 6.57 to 8.12 / 6.96 with 8_4_16 over the same 1200 steps at
-# depth 1; depth 2 gave 4.60 / 4.29 and 7.84 / 6.92, and a logit loss weight of 1.0 instead of 0.1 gave 4.42 / 4.07
-# (2026-12-01, one run each). Its warm-up took 926 s on one thread against 597 s for v3's depth 1 before training's
-# attention went sample by sample (`segmented_attention`), which made depth 3 affordable.
+# Trained on its own chain to depth 3: a chain's later drafts read the drafter's own features, so training on them
+# raises acceptance at the deeper drafts (more than depth 2 or a heavier logit loss did), at about three times the
+# cost per step (docs/history has the comparison).
 WARMUP_CONFIG = DrafterConfig(lr=2e-3, max_tokens_per_batch=2048, train_depth=3)
 # Problems for the warm-up come from this seed, away from the toy world's train/val seeds.
 WARMUP_PROBLEM_SEED = 4242

@@ -1,9 +1,8 @@
 """A randomly initialised ~1M-parameter Qwen2 model over the toy tokenizer.
 
 Why Qwen2: it is a stock `transformers` architecture that verl, vLLM and the torch engine all load by
-`config.json` alone, so the toy target exercises the same code paths as a real model. The default sizes are
-the ones measured in reference/toy.md (hidden 128, 4 layers, GQA 4/2 heads): `csub` trains to ~99% accuracy
-in ~5 CPU minutes at this size.
+`config.json` alone, so the toy target exercises the same code paths as a real model. The default sizes (hidden
+128, 4 layers, GQA 4/2 heads) are about the smallest at which `csub` trains to ~99% accuracy, in ~5 CPU minutes.
 """
 
 from __future__ import annotations

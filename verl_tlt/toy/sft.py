@@ -2,11 +2,11 @@
 
 Why a trained target: a randomly initialised model never writes the response format, so RL on it shows no
 reward and its rollouts have no long tail. Why only partly trained: a converged target (~99% accuracy, entropy
-~0.002 nats/token, reference/toy.md) leaves RL nothing to improve and makes speculative decoding unrealistically
+~0.002 nats/token) leaves RL nothing to improve and makes speculative decoding unrealistically
 easy. `DEFAULT_NUM_STEPS` is chosen so the target almost always writes well-formed, eos-terminated responses
 but solves short problems far more often than long ones.
 
-The recipe is the one measured in reference/toy.md: fp32, AdamW (lr 3e-3, betas (0.9, 0.98), wd 0.01), grad
+The recipe: fp32, AdamW (lr 3e-3, betas (0.9, 0.98), wd 0.01), grad
 clip 1.0, linear warm-up then cosine decay to 10%, fresh synthetic problems for every batch, length-bucketed
 batches of at most 4,096 padded tokens, loss on the response and `<eos>` only. The schedule is driven by the
 step count, not wall time, so a seed gives the same weights however fast the machine is (bit-identical with 1
@@ -79,7 +79,7 @@ _IGNORE_INDEX = -100
 
 @dataclass(frozen=True)
 class SFTRecipe:
-    """Optimisation settings (reference/toy.md); anything changed here for the cached target needs a version bump."""
+    """Optimisation settings of the toy target; anything changed here for the cached target needs a version bump."""
 
     lr: float = 3e-3
     betas: tuple[float, float] = (0.9, 0.98)

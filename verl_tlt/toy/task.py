@@ -2,7 +2,7 @@
 
 Why this task: TLT speeds up the long tail of RL rollouts, so the toy target needs (1) a response length
 distribution with a heavy tail, like reasoning LLMs, and (2) to be learnable by a ~1M-parameter model on two
-CPU cores in minutes. `csub` has both (reference/toy.md): every step depends only on the previous line and
+CPU cores in minutes. `csub` has both: every step depends only on the previous line and
 `d`, and the number of steps is drawn from a log-normal.
 
 Format (the tokenizer is character level and ignores spaces, so spacing here is cosmetic):
