@@ -19,10 +19,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from verl_tlt.config import (
-    DrafterConfig,
     TLTConfig,
-    TLTNotAvailableError,
-    check_available,
     format_value,
 )
 
@@ -263,34 +260,7 @@ def test_format_value_quotes_strings_yaml_would_misread():
     ]
 
 
-# ---------------------------------------------------------------- availability
-
-
-def test_check_available_passes_when_disabled():
-    check_available(TLTConfig())
-    check_available(TLTConfig(), {"actor_rollout_ref": {"rollout": {"name": "vllm"}}})
-
-
-def test_check_available_accepts_the_torch_rollout():
-    check_available(TLTConfig(enabled=True), {"actor_rollout_ref": {"rollout": {"name": "torch"}}})
-
-
-def test_check_available_refuses_a_missing_drafter_directory_before_anything_starts(tmp_path):
-    with pytest.raises(ValueError) as e:
-        check_available(TLTConfig(enabled=True, drafter=DrafterConfig(init=str(tmp_path / "nope"))))
-    assert "tlt.drafter.init=" in str(e.value) and "set tlt.drafter.init=target" in str(e.value)
-    (tmp_path / "config.json").write_text("{}")
-    check_available(TLTConfig(enabled=True, drafter=DrafterConfig(init=str(tmp_path))))
-    check_available(TLTConfig(drafter=DrafterConfig(init=str(tmp_path / "nope"))))  # TLT off: not read
-
-
-def test_check_available_refuses_vllm_with_the_fix():
-    with pytest.raises(TLTNotAvailableError) as e:
-        check_available(TLTConfig(enabled=True), {"actor_rollout_ref": {"rollout": {"name": "vllm"}}})
-    msg = _message(e)
-    assert "actor_rollout_ref.rollout.name=vllm" in msg and "not available in this version" in msg
-    assert "set actor_rollout_ref.rollout.name=torch" in msg and "tlt.enabled=false (the default)" in msg
-    assert isinstance(e.value, RuntimeError)
+# ---------------------------------------------------------------- imports
 
 
 def test_config_module_imports_nothing_heavy():
@@ -333,7 +303,8 @@ def test_group_files_are_global_and_only_on_selects_the_tlt_trainer():
     assert OmegaConf.load(ON_YAML).trainer.v1.trainer_mode == "tlt_sync"
     assert "trainer" not in OmegaConf.load(OFF_YAML)
     off, wrapper = OmegaConf.load(OFF_YAML), OmegaConf.load(WRAPPER_YAML)
-    assert OmegaConf.to_container(off) == {
+    # Hydra's own settings differ (the group files add a callback, the wrapper a search path); the job's keys agree.
+    assert {k: v for k, v in OmegaConf.to_container(off).items() if k != "hydra"} == {
         k: v for k, v in OmegaConf.to_container(wrapper).items() if k not in ("hydra", "defaults")
     }
 

@@ -20,13 +20,20 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import DictConfig, OmegaConf
 
-from verl_tlt.config import TLTConfig, TLTNotAvailableError
+from verl_tlt.config import TLTConfig
+from verl_tlt.integrations.verl.requirements import TLTNotAvailableError
 
 WRAPPER_MODULE, WRAPPER_CONFIG = "verl_tlt.hydra_conf", "tlt_ppo_trainer"
 STOCK_MODULE, STOCK_CONFIG = "verl.trainer.config", "ppo_trainer"
 # What verl prints / Ray logs when a run gets as far as starting Ray; none of these runs may.
 RAY_STARTED_MARKERS = ("ray init kwargs", "Started a local Ray instance")
 SUBPROCESS_TIMEOUT_S = 120
+# Runs an entry point's real Hydra main (callbacks included) with verl's run_ppo, which would start Ray, stubbed.
+ENTRY_PROBE = (
+    "import sys, verl.trainer.main_ppo as verl_main; "
+    "verl_main.run_ppo = lambda config, task_runner_class: print('RUN_PPO', config.trainer.v1.trainer_mode); "
+    "import {module} as entry; entry.main()"
+)
 
 
 def _compose(module: str, name: str, overrides: list[str] | None = None) -> DictConfig:
@@ -71,13 +78,6 @@ def test_entry_and_trainer_modules_import_no_verl():
         "bad = [m for m in ('verl', 'ray', 'torch', 'vllm') if m in sys.modules]; assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
-
-
-def test_wrapper_names_the_registered_trainer_mode():
-    from verl_tlt import main_ppo
-    from verl_tlt.integrations.verl import trainer_mode
-
-    assert main_ppo.TLT_TRAINER_MODE == trainer_mode.TLT_TRAINER_MODE
 
 
 # ---------------------------------------------------------------- wrapper entry point: composition
@@ -144,17 +144,23 @@ def test_wrapper_main_enabled_switches_sync_to_tlt_sync(monkeypatch):
 @pytest.mark.parametrize(
     ("override", "fix"),
     [
-        ("trainer.v1.trainer_mode=separate_async", "set trainer.v1.trainer_mode=sync"),
-        ("trainer.use_v1=false", "set trainer.use_v1=true"),
+        ("trainer.v1.trainer_mode=separate_async", "Fix: drop the trainer.v1.trainer_mode override"),
+        ("trainer.use_v1=false", "Fix: set trainer.use_v1=true"),
     ],
 )
-def test_wrapper_refuses_trainers_without_a_tlt_mode(override, fix):
-    from verl_tlt.main_ppo import select_trainer_mode
+def test_wrapper_refuses_trainers_without_a_tlt_mode_before_verl_runs(monkeypatch, override, fix):
+    import verl.trainer.main_ppo as verl_main_ppo
 
-    cfg = _compose(WRAPPER_MODULE, WRAPPER_CONFIG, [override])
-    with pytest.raises(ValueError, match=fix):
-        select_trainer_mode(cfg, TLTConfig(enabled=True))
-    select_trainer_mode(cfg, TLTConfig())  # TLT off: any stock trainer is fine
+    from verl_tlt import main_ppo
+
+    calls = []
+    monkeypatch.setattr(verl_main_ppo, "run_ppo", lambda config, task_runner_class: calls.append(config))
+    enabled = _runnable(["tlt.enabled=true", "actor_rollout_ref.rollout.name=torch", override])
+    with pytest.raises(TLTNotAvailableError, match=fix):
+        main_ppo.main(_compose(WRAPPER_MODULE, WRAPPER_CONFIG, enabled))
+    assert calls == []
+    main_ppo.main(_compose(WRAPPER_MODULE, WRAPPER_CONFIG, _runnable([override])))  # TLT off: any stock trainer
+    assert len(calls) == 1
 
 
 @pytest.mark.slow
@@ -195,6 +201,34 @@ def test_stock_main_composes_tlt_on_via_plugin(tmp_path):
     assert cfg.actor_rollout_ref.rollout.custom.tlt.enabled is True
     assert cfg.trainer.v1.trainer_mode == "tlt_sync"
     assert not (tmp_path / "outputs").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("module", "overrides", "mode"),
+    [
+        ("verl.trainer.main_ppo", ["+tlt=on", "actor_rollout_ref.rollout.name=torch"], "tlt_sync"),
+        ("verl.trainer.main_ppo", ["+tlt=off"], "sync"),
+        ("verl_tlt.main_ppo", ["tlt.enabled=true", "actor_rollout_ref.rollout.name=torch"], "tlt_sync"),
+        ("verl_tlt.main_ppo", [], "sync"),
+    ],
+    ids=["stock-tlt-on", "stock-tlt-off", "wrapper-enabled", "wrapper-disabled"],
+)
+def test_entry_points_reach_verl_with_the_trainer_asked_for(tmp_path, module, overrides, mode):
+    proc = _run_module(["-c", ENTRY_PROBE.format(module=module), *_runnable(overrides)], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == f"RUN_PPO {mode}"
+
+
+@pytest.mark.slow
+def test_stock_tlt_off_with_enabled_true_stops_before_ray_with_the_fix(tmp_path):
+    """``+tlt=off`` keeps verl's own trainer: asking it for TLT must not run stock verl silently."""
+    overrides = _runnable(["+tlt=off", "tlt.enabled=true", "actor_rollout_ref.rollout.name=torch"])
+    proc = _run_module(["-c", ENTRY_PROBE.format(module="verl.trainer.main_ppo"), *overrides], cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "RUN_PPO" not in proc.stdout
+    assert "verl-tlt: TLTNotAvailableError: tlt.enabled=true, but trainer.v1.trainer_mode=sync" in proc.stderr
+    assert "Fix: turn TLT on with +tlt=on" in proc.stderr
 
 
 def test_stock_tlt_off_composes_to_the_wrapper_default():
@@ -264,10 +298,13 @@ def test_trainer_disabled_behaves_as_verl_sync(trainer_cls):
     import ray
     from verl.trainer.ppo.v1 import PPOTrainerSync
 
+    from verl_tlt.integrations.verl.trainer_mode import DisabledTLT
+
     cfg = _compose(WRAPPER_MODULE, WRAPPER_CONFIG, ["trainer.v1.trainer_mode=tlt_sync"])
     stock = PPOTrainerSync(_compose(STOCK_MODULE, STOCK_CONFIG))
     tlt = trainer_cls(cfg)
     assert tlt.tlt_config == TLTConfig()
+    assert isinstance(tlt.tlt, DisabledTLT)  # every hook a no-op: verl's code paths only
     # verl branches on trainer_mode == "sync" (replay buffer, refill, TQ checkpoints): must stay sync.
     assert tlt.trainer_mode == stock.trainer_mode == "sync"
     assert type(tlt.replay_buffer) is type(stock.replay_buffer)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import re
 import types
 import typing
@@ -309,43 +308,6 @@ class TLTConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict of all fields (what the YAML ``tlt:`` block holds: lists, not tuples)."""
         return dataclasses.asdict(self, dict_factory=lambda items: {k: _listify(v) for k, v in items})
-
-
-class TLTNotAvailableError(RuntimeError):
-    """``tlt.enabled=true`` was requested, but this build cannot run TLT."""
-
-
-def check_available(cfg: TLTConfig, verl_config: Mapping[str, Any] | None = None) -> None:
-    """Fail at start-up, not mid-run, when TLT is requested with a setup this version cannot run.
-
-    TLT's speculative rollouts and drafter sync are implemented for verl-tlt's torch rollout engine; the vLLM
-    path is not available yet. ``verl_config`` is the composed verl config (None: only the block is checked).
-    """
-    if not cfg.enabled:
-        return
-    _check_drafter_init(cfg.drafter.init)
-    if verl_config is None:
-        return
-    rollout = (verl_config.get("actor_rollout_ref") or {}).get("rollout") or {}
-    name = rollout.get("name")
-    if name != "torch":
-        shown = name if name is not None else "<not set>"
-        raise TLTNotAvailableError(
-            f"{ROOT_KEY}.enabled=true needs verl-tlt's torch rollout engine, got actor_rollout_ref.rollout.name="
-            f"{shown}. The vLLM path of TLT (speculative_config injection, drafter sync into vLLM) is not "
-            "available in this version of verl-tlt. Fix: set actor_rollout_ref.rollout.name=torch (on CPU: "
-            "+cpu=torch), or run with tlt.enabled=false (the default) for stock verl behaviour."
-        )
-
-
-def _check_drafter_init(init: str) -> None:
-    if init == "target" or os.path.isfile(os.path.join(init, "config.json")):
-        return
-    raise ValueError(
-        f"{ROOT_KEY}.drafter.init={init!r} is neither 'target' nor a drafter directory (no config.json there). "
-        f"Fix: set {ROOT_KEY}.drafter.init=target to start from the target, or to the output directory of "
-        "`verl-tlt drafter warmup`."
-    )
 
 
 # ---------------------------------------------------------------- names and values in messages

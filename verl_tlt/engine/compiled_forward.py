@@ -2,8 +2,9 @@
 
 Why: on a small model every decode step is dominated by per-op overhead (Python, dispatch, a dozen elementwise
 kernels per layer). Inductor fuses the elementwise work and runs the step as a few generated kernels plus the
-matrix products, which makes plain decoding of a small model markedly faster (`verl-tlt bench engine`). The price is a compile on first use of each kind of step (seconds to tens of
-seconds on a small CPU) and whatever shapes trigger a recompile.
+matrix products, which makes plain decoding of a small model markedly faster (`verl-tlt bench engine`). The
+price is a compile on first use of each kind of step (seconds to tens of seconds on a small CPU) and whatever
+shapes trigger a recompile.
 
 Why one compiled function per kind of step and per engine: dynamo keeps its graphs on the code object it compiled,
 with a recompile budget per code object (`torch._dynamo.config.recompile_limit`, 8), and falls back to eager with

@@ -6,6 +6,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
+from omegaconf import OmegaConf
 
 pytest.importorskip("ray")
 
@@ -209,7 +210,7 @@ def test_drafter_workers_start_beside_their_replicas_with_the_configured_nicenes
     monkeypatch.setattr(tlt_runtime, "ray", WorkerRay)
     tlt = TLTConfig.from_dict({"enabled": True, "drafter": {"cpu_niceness": 3}})
     config = SimpleNamespace(
-        actor_rollout_ref=SimpleNamespace(rollout={"engine_kwargs": {"torch": {"num_threads": 2}}}),
+        actor_rollout_ref=SimpleNamespace(rollout=OmegaConf.create({"engine_kwargs": {"torch": {"num_threads": 2}}})),
         trainer=SimpleNamespace(default_local_dir=str(tmp_path)),
     )
     runtime = TLTRuntime(config=config, tlt=tlt)
@@ -219,5 +220,6 @@ def test_drafter_workers_start_beside_their_replicas_with_the_configured_nicenes
     assert [kwargs["cpu_niceness"] for _, kwargs in started] == [3, 3]
     assert [kwargs["num_threads"] for _, kwargs in started] == [2, 2]  # as many threads as the replica's engine
     assert [kwargs["rank"] for _, kwargs in started] == [0, 1]
+    assert [kwargs["num_threads"] for _, kwargs in started] == [2, 2]
     assert all(options["num_cpus"] == 0 for options, _ in started)
     assert started[1][1]["checkpoint_dir"] == str(tmp_path / "tlt_spot" / "worker_1")

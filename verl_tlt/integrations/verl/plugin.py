@@ -11,9 +11,11 @@ from __future__ import annotations
 import logging
 from types import ModuleType
 
+from verl_tlt.integrations.verl.requirements import TORCH_ROLLOUT_NAME
+from verl_tlt.integrations.verl.trainer_mode import TLT_TRAINER_MODE
+
 logger = logging.getLogger("verl_tlt")
 
-TORCH_ROLLOUT_NAME = "torch"
 TORCH_ADAPTER_PATH = "verl_tlt.integrations.verl.torch_adapter.TorchServerAdapter"
 REGISTERED: list[str] = []
 
@@ -38,7 +40,7 @@ def _register_trainer_mode(_: ModuleType) -> None:
     from verl_tlt.integrations.verl.trainer_mode import register_trainer_mode
 
     register_trainer_mode()
-    REGISTERED.append("trainer mode:tlt_sync")
+    REGISTERED.append(f"trainer mode:{TLT_TRAINER_MODE}")
 
 
 def _register_agent_loop(_: ModuleType) -> None:
@@ -66,7 +68,7 @@ def register() -> None:
     REGISTERED.append("platform:cpu")
     when_imported("verl.workers.rollout.base", _guarded("torch rollout adapter", _register_rollout_adapter))
     when_imported("verl.workers.rollout.replica", _guarded("torch rollout replica", _register_rollout_replica))
-    when_imported("verl.trainer.ppo.v1", _guarded("tlt_sync trainer mode", _register_trainer_mode))
+    when_imported("verl.trainer.ppo.v1", _guarded(f"{TLT_TRAINER_MODE} trainer mode", _register_trainer_mode))
     when_imported(
         "verl.experimental.agent_loop.single_turn_agent_loop",
         _guarded("slot-seeded agent loop", _register_agent_loop),
@@ -77,8 +79,13 @@ try:
     register()
     # WARNING on purpose: verl's logging default hides INFO, and a user must be able to see the plugin loaded.
     logger.warning(
-        "verl-tlt plugin loaded: cpu platform registered; torch rollout and tlt_sync trainer mode "
-        "register when verl loads them"
+        "verl-tlt plugin loaded: cpu platform registered; %s rollout and %s trainer mode register when verl loads them",
+        TORCH_ROLLOUT_NAME,
+        TLT_TRAINER_MODE,
     )
 except Exception:  # verl would hide this at DEBUG level; make it visible
-    logger.warning("verl-tlt failed to register with verl; rollout.name=torch and TLT are unavailable", exc_info=True)
+    logger.warning(
+        "verl-tlt failed to register with verl; rollout.name=%s and TLT are unavailable",
+        TORCH_ROLLOUT_NAME,
+        exc_info=True,
+    )

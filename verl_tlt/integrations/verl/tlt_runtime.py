@@ -31,6 +31,7 @@ from verl_tlt.drafter.spot_schedule import SpotSchedule
 from verl_tlt.drafter.worker import FAULT_ENV, DrafterWorker
 from verl_tlt.engine.decode_stats import strategy_acceptance
 from verl_tlt.files import write_json
+from verl_tlt.integrations.verl.checkpoint_paths import checkpoint_root, resumed_folder, step_folder
 from verl_tlt.integrations.verl.coordinator import SpotCoordinator
 from verl_tlt.integrations.verl.drafter_pool import DrafterPool
 from verl_tlt.integrations.verl.rollout_trace import rollout_summary
@@ -50,6 +51,8 @@ META_FILE = "meta.json"
 
 
 class TLTRuntime:
+    """TLT's side of one run; the trainer calls the same hooks on ``trainer_mode.DisabledTLT`` when TLT is off."""
+
     def __init__(self, config: Any, tlt: TLTConfig):
         self.config, self.tlt = config, tlt
         self.metrics: dict[str, float] = {}
@@ -71,13 +74,36 @@ class TLTRuntime:
 
     # ----- set-up ----------------------------------------------------------------------------------------------
 
+    def prepare_workers(self, role_worker_mapping: dict) -> None:
+        """Swap verl's hard-coded actor worker for the one with TLT's hidden-state capture."""
+        from verl.trainer.ppo.utils import Role
+
+        from verl_tlt.integrations.verl.capture_worker import TLTActorRolloutRefWorker
+
+        for role in (Role.ActorRolloutRef, Role.ActorRollout, Role.Actor):
+            if role in role_worker_mapping:
+                role_worker_mapping[role] = ray.remote(TLTActorRolloutRefWorker)
+                return
+        raise RuntimeError(f"TLT: no actor role among verl's workers {list(role_worker_mapping)}")
+
+    def on_checkpoint_loaded(self, global_steps: int) -> None:
+        """After verl's `_load_checkpoint`: a resumed run (step > 0) restores the drafter saved with that step."""
+        if global_steps > 0:
+            self.resume_dir = resumed_folder(self.config, global_steps)
+
+    def on_init_end(self, trainer: Any) -> None:
+        """Once verl's trainer has its rollout replicas and actor workers: start TLT on them."""
+        from verl.utils.fs import copy_to_local
+
+        target = copy_to_local(self.config.actor_rollout_ref.model.path)
+        self.setup(trainer.llm_server_manager.get_replicas(), trainer.actor_rollout_wg, target)
+
     def setup(self, replicas: list[Any], actor_wg: Any, target_path: str) -> None:
         self.servers = [replica.servers[0] for replica in replicas]
-        if not self.servers or not all(hasattr(s, "update_drafter") for s in self.servers):
-            raise RuntimeError(
-                "tlt.enabled=true needs the torch rollout engine (actor_rollout_ref.rollout.name=torch, e.g. "
-                "+cpu=torch on CPU); the vLLM path of TLT is not available in this version of verl-tlt."
-            )
+        # requirements.check_requirements admits only the torch rollout, whose servers load drafters.
+        assert self.servers and all(hasattr(s, "update_drafter") for s in self.servers), (
+            "TLT runtime: rollout servers without update_drafter (not the torch rollout engine)"
+        )
         installed = actor_wg.tlt_install_capture()
         if not any(installed):
             raise RuntimeError("TLT could not hook the actor's forward for hidden-state capture (no actor worker)")
@@ -134,8 +160,7 @@ class TLTRuntime:
 
     def _spot_checkpoint_root(self) -> Path:
         """`<trainer.default_local_dir>/tlt_spot`: each worker's latest burst, written asynchronously."""
-        root = Path(self.config.trainer.default_local_dir)
-        return (root if root.is_absolute() else Path.cwd() / root) / SPOT_CHECKPOINT_DIR
+        return checkpoint_root(self.config) / SPOT_CHECKPOINT_DIR
 
     def _in_flight(self) -> list[int]:
         """0 for replicas that reported draining (see TorchRolloutServer.wait_for_drain), 1 for the others.
@@ -148,8 +173,13 @@ class TLTRuntime:
 
     # ----- rollout ---------------------------------------------------------------------------------------------
 
+    @property
+    def _training(self) -> bool:
+        """Whether the drafter learns now: spot training is on and a drafter worker is alive."""
+        return self.tlt.drafter.train and self.pool.available
+
     def on_sample_begin(self) -> None:
-        self._spot_watched = self.tlt.drafter.train and self.pool.available
+        self._spot_watched = self._training
         if self._spot_watched:
             self._drain_calls = [s.wait_for_drain.remote() for s in self.servers]
             self.coordinator.begin()
@@ -173,11 +203,11 @@ class TLTRuntime:
 
     def arm_capture(self, step: int) -> None:
         self._capture_step = step
-        if self.tlt.drafter.train and self.pool.available:
+        if self._training:
             self.actor_wg.tlt_arm_capture(step, self.tlt.drafter.capture_tokens)
 
     def collect_capture(self) -> None:
-        if not (self.tlt.drafter.train and self.pool.available):
+        if not self._training:
             return
         begin = time.perf_counter()
         results = self.actor_wg.tlt_pop_captured()
@@ -218,7 +248,7 @@ class TLTRuntime:
         self.metrics["tlt/capture/settle_s"] = time.perf_counter() - waited
         for key, value in scores.items():
             self.metrics[f"tlt/drafter/eval_{key}"] = float(value)
-        if self.tlt.drafter.train and self.pool.available:
+        if self._training:
             self._push_target_weights()
         status = self.pool.status() or {}
         if step % self.tlt.drafter.sync_every == 0:
@@ -288,12 +318,16 @@ class TLTRuntime:
 
     # ----- checkpoints -----------------------------------------------------------------------------------------
 
-    def save(self, step_folder: str) -> None:
+    def save_checkpoint(self, step: int) -> None:
+        """Start saving the drafter with verl's checkpoint of `step`; `wait_for_save` completes it."""
+        self.save(str(step_folder(self.config, step)))
+
+    def save(self, step_dir: str) -> None:
         """Start saving the drafter with verl's step folder; `wait_for_save` completes it."""
-        folder = Path(step_folder) / CHECKPOINT_DIR
+        folder = Path(step_dir) / CHECKPOINT_DIR
         status = self.pool.status()
         if status is None or not self.pool.save(str(folder / "trainer")):
-            logger.warning("TLT: no live drafter worker, the drafter is not saved with step folder %s", step_folder)
+            logger.warning("TLT: no live drafter worker, the drafter is not saved with step folder %s", step_dir)
             return
         self._pending_save = (folder, {"version": status["version"], "total_steps": status["total_steps"]})
 

@@ -1,8 +1,8 @@
-"""The ``tlt_sync`` V1 trainer mode: verl's ``PPOTrainerSync`` that reads and checks the ``tlt`` block.
+"""The ``tlt_sync`` V1 trainer mode: verl's ``PPOTrainerSync`` plus TLT's runtime, and where that mode is selected.
 
 verl picks the trainer class from ``TRAINER_REGISTRY`` by ``trainer.v1.trainer_mode``; a name cannot be
 re-registered to another class, so TLT adds a new mode instead of replacing ``sync``. ``+tlt=on`` (stock
-entry point) and ``verl_tlt.main_ppo`` with ``tlt.enabled=true`` select it.
+entry point) sets it; ``verl_tlt.main_ppo`` with ``tlt.enabled=true`` selects it (:func:`select_trainer_mode`).
 
 Importing this module is cheap: verl is imported only inside :func:`register_trainer_mode` /
 :func:`get_trainer_class`. The class is reachable as ``verl_tlt.integrations.verl.trainer_mode.TLTTrainerSync``
@@ -12,21 +12,19 @@ Importing this module is cheap: verl is imported only inside :func:`register_tra
 from __future__ import annotations
 
 import logging
-import os
-from pathlib import Path
 from typing import Any
 
-from verl_tlt.config import ROOT_KEY, TLTConfig, check_available
+from verl_tlt.config import TLTConfig
 
 logger = logging.getLogger(__name__)
 
-# The value of trainer.v1.trainer_mode that selects the TLT trainer.
+# The trainer.v1.trainer_mode that selects the TLT trainer (tlt/on.yaml spells it out; a test holds both equal).
 TLT_TRAINER_MODE = "tlt_sync"
 
-# verl's PPOTrainer branches on the literal string `self.trainer_mode == "sync"` (replay buffer class,
-# dataloader refill, TransferQueue checkpointing, prompt submission; trainer_base.py:153,731,902,912,1004,
-# 1499 in 0.9.1): there is no seam to declare a new mode synchronous, so the TLT trainer reports this one.
-_VERL_SYNC_MODE = "sync"
+# verl's sync trainer mode. verl's PPOTrainer branches on the literal string `self.trainer_mode == "sync"` (replay
+# buffer class, dataloader refill, TransferQueue checkpointing, prompt submission; trainer_base.py:153,731,902,912,
+# 1004,1499 in 0.9.1): there is no seam to declare a new mode synchronous, so the TLT trainer reports this one.
+VERL_SYNC_MODE = "sync"
 
 _trainer_cls: type | None = None
 
@@ -58,32 +56,96 @@ def register_trainer_mode() -> None:
     logger.debug("registered verl trainer mode %s -> %s", TLT_TRAINER_MODE, cls.__qualname__)
 
 
+def select_trainer_mode(config: Any, tlt_enabled: bool) -> None:
+    """``verl_tlt.main_ppo``'s choice: with TLT on, verl's sync trainer runs as ``tlt_sync``.
+
+    The wrapper's defaults keep ``trainer.v1.trainer_mode=sync`` so that TLT off runs verl's own trainer class;
+    any other mode is left alone, for ``requirements.check_requirements`` to accept or refuse with its fix.
+    """
+    if tlt_enabled and config.trainer.v1.trainer_mode == VERL_SYNC_MODE:
+        config.trainer.v1.trainer_mode = TLT_TRAINER_MODE
+
+
+class DisabledTLT:
+    """The runtime of a run with ``tlt.enabled=false``: every hook does nothing, so the trainer is verl's.
+
+    Same trainer-facing methods as ``tlt_runtime.TLTRuntime`` (a test holds them equal), so the trainer's hooks
+    call their runtime without asking whether TLT is on.
+    """
+
+    def prepare_workers(self, role_worker_mapping: dict) -> None:
+        pass
+
+    def on_checkpoint_loaded(self, global_steps: int) -> None:
+        pass
+
+    def on_init_end(self, trainer: Any) -> None:
+        pass
+
+    def on_sample_begin(self) -> None:
+        pass
+
+    def before_sleep(self) -> None:
+        pass
+
+    def after_sleep(self) -> None:
+        pass
+
+    def after_validation(self) -> None:
+        pass
+
+    def arm_capture(self, step: int) -> None:
+        pass
+
+    def collect_capture(self) -> None:
+        pass
+
+    def on_step_end(self, step: int) -> None:
+        pass
+
+    def pop_metrics(self) -> dict[str, float]:
+        return {}
+
+    def save_checkpoint(self, step: int) -> None:
+        pass
+
+    def wait_for_save(self) -> None:
+        pass
+
+
+def make_runtime(config: Any, tlt_config: TLTConfig) -> Any:
+    """The trainer's runtime: TLT's (imports Ray, the drafter and the engine) only when TLT is on."""
+    if not tlt_config.enabled:
+        return DisabledTLT()
+    from verl_tlt.integrations.verl.tlt_runtime import TLTRuntime
+
+    return TLTRuntime(config, tlt_config)
+
+
 def _build_trainer_class() -> type:
     from omegaconf import DictConfig
     from verl.trainer.ppo.v1 import PPOTrainerSync
 
+    from verl_tlt.integrations.verl.requirements import check_requirements
+
     class TLTTrainerSync(PPOTrainerSync):
         """verl's sync PPO trainer plus TLT; with ``tlt.enabled=false`` it is exactly ``PPOTrainerSync``.
 
-        With TLT on, every hook runs verl's own code and adds TLT's work around it (see ``tlt_runtime``).
+        Every hook runs verl's own code and calls its runtime around it: TLT's (see ``tlt_runtime``) or, with
+        TLT off, :class:`DisabledTLT`, whose hooks do nothing.
         """
 
         def __init__(self, config: DictConfig) -> None:
-            # Validate before the parent builds anything (replay buffer, checkpoint callback), so a bad
-            # tlt block fails at construction with the config error, not later in the run.
-            self.tlt_config = TLTConfig.from_dict(config.get(ROOT_KEY), prefix=ROOT_KEY)
-            check_available(self.tlt_config, config)
-            self.tlt = None
-            if self.tlt_config.enabled:
-                from verl_tlt.integrations.verl.tlt_runtime import TLTRuntime
-
-                self.tlt = TLTRuntime(config, self.tlt_config)
+            # Check before the parent builds anything (replay buffer, checkpoint callback), so a bad tlt block or
+            # a run that cannot give TLT fails at construction, not later in the run.
+            self.tlt_config = check_requirements(config)
+            self.tlt = make_runtime(config, self.tlt_config)
             super().__init__(config)
 
         @property
         def trainer_mode(self) -> str:
-            """Always verl's ``"sync"``: keeps every sync-only code path of ``PPOTrainer`` (see module note)."""
-            return _VERL_SYNC_MODE
+            """Always verl's ``"sync"``: keeps every sync-only code path of ``PPOTrainer`` (see VERL_SYNC_MODE)."""
+            return VERL_SYNC_MODE
 
         @trainer_mode.setter
         def trainer_mode(self, value: Any) -> None:
@@ -93,30 +155,21 @@ def _build_trainer_class() -> type:
 
         def _init_resource_pool_mgr(self) -> None:
             super()._init_resource_pool_mgr()
-            if self.tlt is not None:
-                _use_capture_worker(self.role_worker_mapping)
+            self.tlt.prepare_workers(self.role_worker_mapping)
 
         def _load_checkpoint(self) -> None:
             super()._load_checkpoint()
-            if self.tlt is not None and self.global_steps > 0:
-                self.tlt.resume_dir = Path(_resumed_folder(self.config, self.global_steps))
+            self.tlt.on_checkpoint_loaded(self.global_steps)
 
         def on_init_end(self) -> None:
             super().on_init_end()
-            if self.tlt is not None:
-                from verl.utils.fs import copy_to_local
-
-                target = copy_to_local(self.config.actor_rollout_ref.model.path)
-                self.tlt.setup(self.llm_server_manager.get_replicas(), self.actor_rollout_wg, target)
+            self.tlt.on_init_end(self)
 
         def on_sample_begin(self) -> None:
             super().on_sample_begin()
-            if self.tlt is not None:
-                self.tlt.on_sample_begin()
+            self.tlt.on_sample_begin()
 
         def on_sample_end(self) -> None:
-            if self.tlt is None:
-                return super().on_sample_end()
             # Free the replicas' resources from the drafter before verl sleeps them.
             self.tlt.before_sleep()
             super().on_sample_end()
@@ -124,11 +177,10 @@ def _build_trainer_class() -> type:
 
         def on_validate_end(self) -> None:
             super().on_validate_end()
-            if self.tlt is not None:
-                self.tlt.after_validation()
+            self.tlt.after_validation()
 
         def _compute_old_log_prob(self, batch, metrics):
-            if self.tlt is None or _bypasses_log_prob(self.config):
+            if _bypasses_log_prob(self.config):
                 return super()._compute_old_log_prob(batch, metrics)
             self.tlt.arm_capture(self.global_steps)
             batch = super()._compute_old_log_prob(batch, metrics)
@@ -136,7 +188,7 @@ def _build_trainer_class() -> type:
             return batch
 
         def _update_actor(self, batch, metrics):
-            if self.tlt is None or not _bypasses_log_prob(self.config):
+            if not _bypasses_log_prob(self.config):
                 return super()._update_actor(batch, metrics)
             # verl skipped the log-prob pass (rollout_correction.bypass_mode): capture on the update's forward.
             self.tlt.arm_capture(self.global_steps)
@@ -146,16 +198,15 @@ def _build_trainer_class() -> type:
 
         def on_step_end(self) -> None:
             super().on_step_end()
-            if self.tlt is not None:
-                self.tlt.on_step_end(self.global_steps)
+            self.tlt.on_step_end(self.global_steps)
+            metrics = self.tlt.pop_metrics()
+            if metrics:  # verl logs what is stashed here with this step (PPOTrainer._consume_sync_metrics)
                 pending = getattr(self, "_pending_sync_metrics", None) or {}
-                self._pending_sync_metrics = {**pending, **self.tlt.pop_metrics()}
+                self._pending_sync_metrics = {**pending, **metrics}
 
         def _save_checkpoint(self) -> None:
-            if self.tlt is None:
-                return super()._save_checkpoint()
             # The drafter's asynchronous save overlaps the actor's; both finish before the step goes on.
-            self.tlt.save(_step_folder(self.config, self.global_steps))
+            self.tlt.save_checkpoint(self.global_steps)
             try:
                 super()._save_checkpoint()
             finally:
@@ -166,39 +217,10 @@ def _build_trainer_class() -> type:
     return TLTTrainerSync
 
 
-def _use_capture_worker(role_worker_mapping: dict) -> None:
-    """Swap verl's hard-coded actor worker for the one with TLT's hidden-state capture."""
-    import ray
-    from verl.trainer.ppo.utils import Role
-
-    from verl_tlt.integrations.verl.capture_worker import TLTActorRolloutRefWorker
-
-    for role in (Role.ActorRolloutRef, Role.ActorRollout, Role.Actor):
-        if role in role_worker_mapping:
-            role_worker_mapping[role] = ray.remote(TLTActorRolloutRefWorker)
-            return
-    raise RuntimeError(f"TLT: no actor role among verl's workers {list(role_worker_mapping)}")
-
-
 def _bypasses_log_prob(config) -> bool:
+    """verl's rollout_correction.bypass_mode: no old-log-prob pass, the actor update's forward sees the batch."""
     correction = config.algorithm.get("rollout_correction", None)
     return bool(correction and correction.get("bypass_mode", False))
-
-
-def _step_folder(config, step: int) -> str:
-    """verl's checkpoint folder of `step` (relative default_local_dir is taken from the working directory)."""
-    root = config.trainer.default_local_dir
-    if not os.path.isabs(root):
-        root = os.path.join(os.getcwd(), root)
-    return os.path.join(root, f"global_step_{step}")
-
-
-def _resumed_folder(config, step: int) -> str:
-    """The folder verl's _load_checkpoint resumed from (resume_mode auto or resume_path)."""
-    if config.trainer.resume_mode == "resume_path":
-        folder = config.trainer.resume_from_path
-        return folder if os.path.isabs(folder) else os.path.join(os.getcwd(), folder)
-    return _step_folder(config, step)
 
 
 def __getattr__(name: str) -> Any:

@@ -1,0 +1,112 @@
+"""What a verl run needs so that ``tlt.enabled=true`` really runs TLT: one check, called from every entry.
+
+Asking for TLT and not getting it must stop the run at start-up, before Ray starts, with the override that
+fixes it; never a silent stock run, never a failure minutes later in a Ray actor. Callers:
+
+- ``python -m verl.trainer.main_ppo +tlt=on|off``: the Hydra callback that ``tlt/on.yaml`` and ``tlt/off.yaml``
+  add (``hydra_callback``), when the job starts;
+- ``python -m verl_tlt.main_ppo``: its ``main``, after it selected the trainer mode;
+- the TLT trainer itself, when verl builds it (whatever started the run).
+
+Importing this module is cheap: no verl, ray or torch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from verl_tlt.config import ROOT_KEY, TLTConfig
+from verl_tlt.integrations.verl.trainer_mode import TLT_TRAINER_MODE, VERL_SYNC_MODE
+
+# The rollout name of verl-tlt's torch engine (the plugin registers it): the only rollout TLT runs on so far.
+TORCH_ROLLOUT_NAME = "torch"
+
+
+class TLTNotAvailableError(RuntimeError):
+    """``tlt.enabled=true`` was requested, but this run would not get TLT (trainer, rollout or build)."""
+
+
+def tlt_config_of(config: Mapping[str, Any]) -> TLTConfig:
+    """The composed verl config's ``tlt`` block, validated (absent: all defaults, TLT off)."""
+    return TLTConfig.from_dict(config.get(ROOT_KEY), prefix=ROOT_KEY)
+
+
+def check_requirements(config: Mapping[str, Any]) -> TLTConfig:
+    """Parse the ``tlt`` block of the composed verl config and, with TLT on, check the run can give TLT.
+
+    Raises ``ValueError`` for a bad block or drafter directory, ``TLTNotAvailableError`` when the trainer or
+    the rollout would run without TLT; each names the key, its value, why, and the override that fixes it.
+    """
+    tlt_cfg = tlt_config_of(config)
+    if tlt_cfg.enabled:
+        _check_trainer(config)
+        _check_rollout(config)
+        _check_drafter_init(tlt_cfg.drafter.init)
+    return tlt_cfg
+
+
+def _check_trainer(config: Mapping[str, Any]) -> None:
+    use_v1 = _get(config, "trainer.use_v1")
+    if use_v1 is not True:
+        raise TLTNotAvailableError(
+            f"{ROOT_KEY}.enabled=true needs verl's V1 trainer, got trainer.use_v1={_shown(use_v1)}: verl's legacy "
+            f"trainer has no TLT mode, so the run would train without TLT. Fix: set trainer.use_v1=true, or "
+            f"{ROOT_KEY}.enabled=false."
+        )
+    mode = _get(config, "trainer.v1.trainer_mode")
+    if mode == VERL_SYNC_MODE:
+        raise TLTNotAvailableError(
+            f"{ROOT_KEY}.enabled=true, but trainer.v1.trainer_mode={VERL_SYNC_MODE} selects verl's own trainer, "
+            f"which would run without TLT (this is what +tlt=off {ROOT_KEY}.enabled=true composes). Fix: turn TLT "
+            f"on with +tlt=on (python -m verl.trainer.main_ppo ... +tlt=on), which selects "
+            f"trainer.v1.trainer_mode={TLT_TRAINER_MODE}; or run python -m verl_tlt.main_ppo ... "
+            f"{ROOT_KEY}.enabled=true, which selects it itself."
+        )
+    if mode != TLT_TRAINER_MODE:
+        raise TLTNotAvailableError(
+            f"{ROOT_KEY}.enabled=true runs on verl's sync trainer only (as trainer mode {TLT_TRAINER_MODE}), got "
+            f"trainer.v1.trainer_mode={_shown(mode)}, which has no TLT variant. Fix: drop the "
+            f"trainer.v1.trainer_mode override (+tlt=on sets {TLT_TRAINER_MODE}; python -m verl_tlt.main_ppo maps "
+            f"{VERL_SYNC_MODE} to it), or set {ROOT_KEY}.enabled=false."
+        )
+
+
+def _check_rollout(config: Mapping[str, Any]) -> None:
+    name = _get(config, "actor_rollout_ref.rollout.name")
+    if name != TORCH_ROLLOUT_NAME:
+        raise TLTNotAvailableError(
+            f"{ROOT_KEY}.enabled=true needs verl-tlt's torch rollout engine, got actor_rollout_ref.rollout.name="
+            f"{_shown(name)}. The vLLM path of TLT (speculative_config injection, drafter sync into vLLM) is not "
+            f"available in this version of verl-tlt. Fix: set actor_rollout_ref.rollout.name={TORCH_ROLLOUT_NAME} "
+            f"(on CPU: +cpu=torch), or run with {ROOT_KEY}.enabled=false (the default) for stock verl behaviour."
+        )
+
+
+def _check_drafter_init(init: str) -> None:
+    if init == "target" or os.path.isfile(os.path.join(init, "config.json")):
+        return
+    raise ValueError(
+        f"{ROOT_KEY}.drafter.init={init!r} is neither 'target' nor a drafter directory (no config.json there). "
+        f"Fix: set {ROOT_KEY}.drafter.init=target to start from the target, or to the output directory of "
+        "`verl-tlt drafter warmup`."
+    )
+
+
+def _get(config: Mapping[str, Any], dotted: str) -> Any:
+    """The value at a dotted key; None where a level is missing (``???`` in an OmegaConf config reads as None)."""
+    node: Any = config
+    for key in dotted.split("."):
+        if not isinstance(node, Mapping):
+            return None
+        node = node.get(key)
+    return node
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "<not set>"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
