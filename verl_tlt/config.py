@@ -207,8 +207,9 @@ class DrafterConfig:
     record_dir: str = field(
         default="",
         metadata={
-            "help": "Save every RL step's captured samples and the policy's shared weights to <dir>/step_NNNNN.pt, "
-            "to compare drafter-training recipes offline on this run's data (verl-tlt bench drafter-replay); "
+            "help": "Save every RL step's captured samples and the policy's shared weights to <dir>/step_NNNNN/ "
+            "(JSON + safetensors), to compare drafter-training recipes offline on this run's data (verl-tlt bench "
+            "drafter-replay); "
             "empty = off. Per captured token about its hidden state's size (hidden_size x 4 bytes in fp32), plus the "
             "embedding and LM head once per step."
         },
