@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.file_faults import fail_moving_into_place
 from verl_tlt.files import atomic_directory, atomic_write_text, previous_directory, write_json
 
 
@@ -71,14 +72,7 @@ def test_a_failed_second_rename_puts_the_previous_directory_back(tmp_path, monke
     target = tmp_path / "ckpt"
     with atomic_directory(target) as tmp:
         (tmp / "a.txt").write_text("old")
-    real_replace = os.replace
-
-    def failing_replace(src, dst):
-        if Path(src).name.startswith(".ckpt.tmp-"):  # the new directory's move into place
-            raise OSError("interrupted")
-        return real_replace(src, dst)
-
-    monkeypatch.setattr(os, "replace", failing_replace)
+    fail_moving_into_place(monkeypatch, "ckpt")
     with pytest.raises(OSError, match="interrupted"):
         with atomic_directory(target) as tmp:
             (tmp / "a.txt").write_text("new")

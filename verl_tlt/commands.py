@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 Run = Callable[[argparse.Namespace], int]
 Register = Callable[["argparse._SubParsersAction"], None]
@@ -50,6 +50,19 @@ def add_group(subparsers: argparse._SubParsersAction, name: str, help: str) -> a
 def usage_error(args: argparse.Namespace, message: str) -> NoReturn:
     """Exit with argparse's usage message of the command that is running (status 2), as for a bad option."""
     args.command_parser.error(message)
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1 (a bad one is argparse's usage error, naming the option)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def options(args: argparse.Namespace, *names: str) -> dict[str, Any]:
+    """The named parsed options as keyword arguments (each option's `dest` is the callee's parameter name)."""
+    return {name: getattr(args, name) for name in names}
 
 
 def run_alone(register: Register, name: str, argv: list[str] | None = None) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.file_faults import fail_moving_into_place
 from verl_tlt.config import DrafterConfig
 from verl_tlt.drafter import safe_state
 from verl_tlt.drafter.checkpoint import LEGACY_FILE, write_checkpoint
@@ -184,14 +184,7 @@ def test_a_save_interrupted_between_its_renames_keeps_the_previous_checkpoint(ta
     trainer.train(max_steps=1)
     trainer.save_checkpoint(tmp_path / "ckpt", wait=True)
     trainer.train(max_steps=1)
-    real_replace = os.replace
-
-    def failing_replace(src, dst):
-        if Path(src).name.startswith(".ckpt.tmp-"):  # the new checkpoint's move into place
-            raise OSError("interrupted")
-        return real_replace(src, dst)
-
-    monkeypatch.setattr(os, "replace", failing_replace)
+    fail_moving_into_place(monkeypatch, "ckpt")
     with pytest.raises(RuntimeError, match="interrupted"):
         trainer.save_checkpoint(tmp_path / "ckpt", wait=True)
     monkeypatch.undo()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from verl_tlt.commands import add_command, add_group, run_alone, usage_error
+from verl_tlt.commands import add_command, add_group, options, positive_int, run_alone, usage_error
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -179,6 +179,11 @@ def _run_sd(args: argparse.Namespace) -> int:
     return 0
 
 
+# The `tlt.speculative` keys each policy benchmark lets the command line override.
+ADAPTIVE_POLICY_KEYS = ("threshold", "strategies", "buckets")
+REPLAY_POLICY_KEYS = ("threshold", "strategies", "epsilon", "window", "buckets")
+
+
 # ----- adaptive ----------------------------------------------------------------------------------------------
 
 
@@ -188,86 +193,67 @@ def _add_adaptive(bench: argparse._SubParsersAction) -> None:
     )
     adaptive.add_argument("--json", help="write results to this path")
     adaptive.add_argument("--device", default="cpu", help="torch device of target and drafter (e.g. cuda)")
-    adaptive.add_argument("--num-requests", type=int, default=256, help="prompts of the rollout, started together")
     adaptive.add_argument(
-        "--max-tokens", type=int, default=1024, help="response cap (the toy world's longest solution is 937 tokens)"
+        "--num-requests", type=positive_int, default=256, help="prompts of the rollout, started together"
     )
-    adaptive.add_argument("--repeats", type=int, default=3, help="timed runs per variant, the best kept")
+    adaptive.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        default=1024,
+        help="response cap (the toy world's longest solution is 937 tokens)",
+    )
+    adaptive.add_argument("--repeats", type=positive_int, default=3, help="timed runs per variant, the best kept")
     adaptive.add_argument("--cuda-graphs", action="store_true", help="RolloutEngine(cuda_graphs=True) (CUDA only)")
-    _add_policy_overrides(adaptive, ("threshold", "strategies", "buckets"))
+    _add_policy_overrides(adaptive, ADAPTIVE_POLICY_KEYS)
 
 
 def _run_adaptive(args: argparse.Namespace) -> int:
     from verl_tlt.bench.adaptive_bench import run as run_adaptive
 
-    if min(args.num_requests, args.max_tokens, args.repeats) < 1:
-        usage_error(args, "--num-requests, --max-tokens and --repeats must be >= 1")
-    config = speculative_config(args, ("threshold", "strategies", "buckets"))
-    run_adaptive(
-        args.json,
-        args.num_requests,
-        args.max_tokens,
-        args.repeats,
-        config,
-        device=args.device,
-        cuda_graphs=args.cuda_graphs,
-    )
+    workload = options(args, "num_requests", "max_tokens", "repeats", "device", "cuda_graphs")
+    run_adaptive(args.json, config=speculative_config(args, ADAPTIVE_POLICY_KEYS), **workload)
     return 0
 
 
 # ----- replay ------------------------------------------------------------------------------------------------
 
 
+REPLAY_HELP = "adaptive policy vs plain and fixed strategies on a rollout replayed from recorded step costs"
+
+
 def _add_replay(bench: argparse._SubParsersAction) -> None:
-    replay = add_command(
-        bench,
-        "replay",
-        _run_replay,
-        "adaptive policy vs plain and fixed strategies on a rollout replayed from recorded step costs",
-    )
+    replay = add_command(bench, "replay", _run_replay, REPLAY_HELP)
     replay.add_argument("--json", help="write results to this path")
     replay.add_argument("--costs", help="replay this recording (from --save-costs) instead of recording one")
     replay.add_argument("--save-costs", help="write the recorded step costs to this path")
     replay.add_argument("--device", default="cpu", help="torch device to record on (e.g. cuda); replays run anywhere")
     replay.add_argument("--cuda-graphs", action="store_true", help="record with RolloutEngine(cuda_graphs=True)")
-    replay.add_argument("--num-requests", type=int, default=256, help="prompts of the recorded rollout")
-    replay.add_argument("--max-tokens", type=int, default=1024, help="cap on each answer's tokens")
-    replay.add_argument("--repeats", type=int, default=2, help="recorded rollouts per strategy (plain included)")
-    replay.add_argument("--seeds", type=int, default=30, help="replays per policy, averaged")
-    _add_policy_overrides(replay, ("threshold", "strategies", "epsilon", "window", "buckets"))
+    replay.add_argument("--num-requests", type=positive_int, default=256, help="prompts of the recorded rollout")
+    replay.add_argument("--max-tokens", type=positive_int, default=1024, help="cap on each answer's tokens")
+    replay.add_argument(
+        "--repeats", type=positive_int, default=2, help="recorded rollouts per strategy (plain included)"
+    )
+    replay.add_argument("--seeds", type=positive_int, default=30, help="replays per policy, averaged")
+    _add_policy_overrides(replay, REPLAY_POLICY_KEYS)
 
 
 def _run_replay(args: argparse.Namespace) -> int:
     from verl_tlt.bench.replay_bench import run as run_replay
 
-    if min(args.num_requests, args.max_tokens, args.repeats, args.seeds) < 1:
-        usage_error(args, "--num-requests, --max-tokens, --repeats and --seeds must be >= 1")
-    config = speculative_config(args, ("threshold", "strategies", "epsilon", "window", "buckets"))
-    run_replay(
-        args.json,
-        config,
-        costs_path=args.costs,
-        save_costs=args.save_costs,
-        num_requests=args.num_requests,
-        max_tokens=args.max_tokens,
-        repeats=args.repeats,
-        seeds=args.seeds,
-        device=args.device,
-        cuda_graphs=args.cuda_graphs,
-    )
+    workload = options(args, "num_requests", "max_tokens", "repeats", "seeds", "device", "cuda_graphs")
+    recording = {"costs_path": args.costs, "save_costs": args.save_costs}
+    run_replay(args.json, speculative_config(args, REPLAY_POLICY_KEYS), **recording, **workload)
     return 0
 
 
 # ----- drafter-replay ----------------------------------------------------------------------------------------
 
 
+DRAFTER_REPLAY_HELP = "a drafter-training recipe replayed on an RL run's recorded captures (tlt.drafter.record_dir)"
+
+
 def _add_drafter_replay(bench: argparse._SubParsersAction) -> None:
-    drafter_replay = add_command(
-        bench,
-        "drafter-replay",
-        _run_drafter_replay,
-        "a drafter-training recipe replayed on an RL run's recorded captures (tlt.drafter.record_dir)",
-    )
+    drafter_replay = add_command(bench, "drafter-replay", _run_drafter_replay, DRAFTER_REPLAY_HELP)
     drafter_replay.add_argument("--record", required=True, help="the run's tlt.drafter.record_dir")
     drafter_replay.add_argument("--json", help="write results to this path")
     drafter_replay.add_argument(

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import fields
 from pathlib import Path
 
-from verl_tlt.commands import add_command, run_alone
+from verl_tlt.commands import add_command, positive_int, run_alone
 from verl_tlt.files import write_json
-from verl_tlt.quickstart.recipe import COMPARED, RUNS
+from verl_tlt.quickstart.recipe import COMPARED, RUNS, GRPOSettings
 from verl_tlt.quickstart.report import format_report
 
 logger = logging.getLogger(__name__)
@@ -32,13 +33,6 @@ DESCRIPTION = (
     "verl GRPO on the toy world on CPU without TLT, with TLT, with a frozen drafter and without TLT again (the "
     "control); compares speed, acceptance and whether every run sampled the baseline's responses"
 )
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,12 +45,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     # The drift (compact share 5% -> ~90%) is complete by about step 8 at lr 5e-4; the steps after it show whether the
     # online drafter catches up with the drifted policy while the frozen one stays behind.
-    parser.add_argument("--steps", type=_positive_int, default=15, help="GRPO steps per run")
-    parser.add_argument("--batch-size", type=int, default=16, help="prompts per step")
-    parser.add_argument("--group-size", type=int, default=8, help="GRPO samples per prompt (rollout.n)")
-    parser.add_argument("--max-response-length", type=int, default=256, help="verl's data.max_response_length")
-    parser.add_argument("--lr", type=float, default=5e-4, help="the actor's learning rate")
-    parser.add_argument("--replicas", type=int, default=2, help="rollout replicas (one CPU core each)")
+    defaults = GRPOSettings()
+    parser.add_argument("--steps", type=positive_int, default=defaults.steps, help="GRPO steps per run")
+    parser.add_argument("--batch-size", type=positive_int, default=defaults.batch_size, help="prompts per step")
+    parser.add_argument(
+        "--group-size", type=positive_int, default=defaults.group_size, help="GRPO samples per prompt (rollout.n)"
+    )
+    parser.add_argument(
+        "--max-response-length",
+        type=positive_int,
+        default=defaults.max_response_length,
+        help="data.max_response_length",
+    )
+    parser.add_argument("--lr", type=float, default=defaults.lr, help="the actor's learning rate")
+    parser.add_argument(
+        "--replicas", type=positive_int, default=defaults.replicas, help="rollout replicas (one CPU core each)"
+    )
     parser.add_argument("--timeout", type=float, default=1200, help="hard limit per verl job, seconds")
     parser.add_argument("--no-plot", action="store_true", help="skip comparison.png (no matplotlib needed)")
     parser.add_argument(
@@ -92,12 +96,7 @@ def run(args: argparse.Namespace) -> int:
         Path(args.cache) if args.cache else default_cache_root(),
         out,
         runs=args.runs,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        group_size=args.group_size,
-        max_response_length=args.max_response_length,
-        lr=args.lr,
-        replicas=args.replicas,
+        settings=GRPOSettings(**{f.name: getattr(args, f.name) for f in fields(GRPOSettings)}),
         timeout_s=args.timeout,
         extra=args.override,
     )

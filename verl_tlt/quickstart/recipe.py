@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from verl_tlt.integrations.verl.same_samples import SAME_SAMPLES_OVERRIDES
@@ -37,6 +38,18 @@ TOY_DRAFTER_OVERRIDES = ["tlt.drafter.max_tokens_per_batch=256", "tlt.drafter.lr
 # chains gain (`verl-tlt bench sd --strategies 8_4_16 6_4_8 4_1_4 2_1_2` shows it); exploring the trees would only
 # cost the bandit steps. The default set (with trees) is for accelerators, where verifying more tokens is cheap.
 CPU_STRATEGY_OVERRIDES = ['tlt.speculative.strategies=["4_1_4","2_1_2"]']
+
+
+@dataclass(frozen=True)
+class GRPOSettings:
+    """The size of the quickstart's GRPO job: steps, prompts x samples per step, response cap, lr, replicas."""
+
+    steps: int = 15
+    batch_size: int = 16
+    group_size: int = 8
+    max_response_length: int = 256
+    lr: float = 5e-4
+    replicas: int = 2
 
 
 def toy_grpo_overrides(
@@ -87,30 +100,11 @@ def toy_grpo_overrides(
 
 
 def quickstart_overrides(
-    world,
-    target: Path,
-    drafter: Path,
-    *,
-    steps: int,
-    batch_size: int,
-    group_size: int,
-    max_response_length: int,
-    lr: float,
-    replicas: int,
-    extra: Sequence[str] = (),
+    world, target: Path, drafter: Path, settings: GRPOSettings, extra: Sequence[str] = ()
 ) -> list[str]:
     """The overrides every run shares: toy GRPO from the SFT target, the concise reward, the warmed-up drafter, the
     CPU settings of TLT, then `extra` (last, so they win)."""
-    common = toy_grpo_overrides(
-        world,
-        steps=steps,
-        batch_size=batch_size,
-        group_size=group_size,
-        max_response_length=max_response_length,
-        lr=lr,
-        model_dir=target,
-        replicas=replicas,
-    )
+    common = toy_grpo_overrides(world, **asdict(settings), model_dir=target)
     return [
         *common,
         # Every slot samples alike in all runs and every batch is trained on in slot order, so the runs train to the

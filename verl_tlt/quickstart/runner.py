@@ -22,6 +22,7 @@ from verl_tlt.quickstart.recipe import (
     RUNS,
     SETUP_STAGE,
     TRACE_FILE,
+    GRPOSettings,
     check_same_tokenizer,
     quickstart_overrides,
     run_overrides,
@@ -136,12 +137,7 @@ def run_comparison(
     out: Path,
     *,
     runs: Sequence[str] = tuple(RUNS),
-    steps: int,
-    batch_size: int,
-    group_size: int,
-    max_response_length: int,
-    lr: float,
-    replicas: int,
+    settings: GRPOSettings,
     timeout_s: float,
     extra: Sequence[str] = (),
 ) -> dict[str, Any]:
@@ -154,24 +150,15 @@ def run_comparison(
     if missing:
         logger.warning("runs %s left out (--runs): the report will lack what needs them", missing)
     toy = prepare_toy(cache, timer)
-    common = quickstart_overrides(
-        toy.world,
-        toy.target,
-        toy.drafter,
-        steps=steps,
-        batch_size=batch_size,
-        group_size=group_size,
-        max_response_length=max_response_length,
-        lr=lr,
-        replicas=replicas,
-        extra=extra,
-    )
+    common = quickstart_overrides(toy.world, toy.target, toy.drafter, settings, extra)
     results: dict[str, RunResult] = {}
     for name in runs:
         previous = list(results.values())[-1].wall_s if results else None
         with timer.stage(f"verl run: {name}"):
-            results[name] = run_one(name, common, out / name, steps=steps, timeout_s=timeout_s, expected_s=previous)
-    return build_summary(results, timer.seconds, replicas=replicas, overrides=common, missing=missing)
+            results[name] = run_one(
+                name, common, out / name, steps=settings.steps, timeout_s=timeout_s, expected_s=previous
+            )
+    return build_summary(results, timer.seconds, replicas=settings.replicas, overrides=common, missing=missing)
 
 
 def build_summary(

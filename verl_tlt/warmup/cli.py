@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from verl_tlt.commands import add_command, add_group, run_alone, usage_error
+from verl_tlt.commands import add_command, add_group, options, run_alone, usage_error
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -19,8 +19,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     warmup.add_argument("--out", required=True, help="where to write the drafter (EAGLE layout)")
     warmup.add_argument("--prompt-key", default="prompt", help="the parquet's prompt column")
     warmup.add_argument("--num-prompts", type=int, default=256, help="prompts read from the parquet (its first ones)")
-    warmup.add_argument("--steps", type=int, default=1000, help="optimizer steps (upper bound)")
-    warmup.add_argument("--seconds", type=float, default=None, help="stop training after this many seconds")
+    warmup.add_argument("--steps", dest="num_steps", type=int, default=1000, help="optimizer steps (upper bound)")
+    warmup.add_argument(
+        "--seconds", dest="max_seconds", type=float, default=None, help="stop training after this many seconds"
+    )
     warmup.add_argument("--temperature", type=float, nargs="+", default=[1.0], help="one or more sampling temperatures")
     warmup.add_argument("--max-tokens", type=int, default=512, help="cap on each answer's tokens")
     warmup.add_argument("--init-from", default=None, help="start from an exported drafter instead of the target")
@@ -53,18 +55,8 @@ def _warmup(args: argparse.Namespace) -> int:
         usage_error(args, f"--train-depth {args.train_depth}: {error}")
 
     prompts = prompts_from_parquet(args.prompts, args.target, args.prompt_key, args.num_prompts)
-    report = warmup_drafter(
-        args.target,
-        prompts,
-        args.out,
-        num_steps=args.steps,
-        max_seconds=args.seconds,
-        temperature=args.temperature,
-        max_tokens=args.max_tokens,
-        seed=args.seed,
-        init_from=args.init_from,
-        config=config,
-    )
+    settings = options(args, "num_steps", "max_seconds", "temperature", "max_tokens", "seed", "init_from")
+    report = warmup_drafter(args.target, prompts, args.out, config=config, **settings)
     print(json.dumps(asdict(report), indent=2))
     if args.json:
         write_json(args.json, asdict(report))
