@@ -14,8 +14,8 @@ import hydra
 from omegaconf import DictConfig
 
 from verl_tlt.config import ROOT_KEY
+from verl_tlt.integrations.verl.mode_selection import select_trainer_mode
 from verl_tlt.integrations.verl.requirements import check_requirements, tlt_config_of
-from verl_tlt.integrations.verl.trainer_mode import select_trainer_mode
 
 logger = logging.getLogger(__name__)
 

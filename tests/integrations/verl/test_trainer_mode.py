@@ -14,12 +14,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from verl_tlt.integrations.verl import trainer_mode
-from verl_tlt.integrations.verl.trainer_mode import (
-    TLT_TRAINER_MODE,
-    VERL_SYNC_MODE,
-    DisabledTLT,
-    select_trainer_mode,
-)
+from verl_tlt.integrations.verl.mode_selection import TLT_TRAINER_MODE, VERL_SYNC_MODE, select_trainer_mode
+from verl_tlt.integrations.verl.trainer_mode import DisabledTLT
 
 ON_YAML = Path(trainer_mode.__file__).resolve().parents[2] / "hydra_conf" / "tlt" / "on.yaml"
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 from types import ModuleType
 
+from verl_tlt.integrations.verl.mode_selection import TLT_TRAINER_MODE
 from verl_tlt.integrations.verl.requirements import TORCH_ROLLOUT_NAME
-from verl_tlt.integrations.verl.trainer_mode import TLT_TRAINER_MODE
 
 logger = logging.getLogger("verl_tlt")
 

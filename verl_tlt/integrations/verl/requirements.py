@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from verl_tlt.config import ROOT_KEY, TLTConfig
-from verl_tlt.integrations.verl.trainer_mode import TLT_TRAINER_MODE, VERL_SYNC_MODE
+from verl_tlt.integrations.verl.mode_selection import TLT_TRAINER_MODE, VERL_SYNC_MODE
 
 # The rollout name of verl-tlt's torch engine (the plugin registers it): the only rollout TLT runs on so far.
 TORCH_ROLLOUT_NAME = "torch"
