@@ -1,30 +1,20 @@
-"""The SFT toy target: training lowers the loss, checkpoints load everywhere, the cache is reused, and the
-evaluation report has its fields. The real (minutes-long) target is trained only by the `slow` test."""
+"""The SFT toy target: training lowers the loss, checkpoints load everywhere, the cache is reused, and the CLI
+prints the evaluation."""
 
 from __future__ import annotations
 
 import json
 import logging
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from tests.toy.conftest import FAST_RECIPE, FAST_STEPS
 from verl_tlt.engine import RolloutEngine, SamplingParams
-from verl_tlt.toy import cache, sft
+from verl_tlt.toy import cache, evaluate, sft
 from verl_tlt.toy.task import make_problems
-
-# Tiny batches and a short warm-up: a handful of steps then takes about a second and still moves the loss.
-FAST_RECIPE = sft.SFTRecipe(warmup_steps=2, max_batch_tokens=1024, pool_size=64)
-FAST_STEPS = 12
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("sft") / "target"
-    return sft.train_toy_target(out, seed=0, num_steps=FAST_STEPS, recipe=FAST_RECIPE, log_every=1)
 
 
 def test_a_few_steps_lower_the_response_loss(checkpoint):
@@ -116,39 +106,6 @@ def test_cache_retrains_an_incomplete_checkpoint_and_honours_the_env_root(tmp_pa
     assert cache.default_cache_root() == tmp_path
 
 
-def test_evaluation_report_has_buckets_rates_entropy_and_lengths(checkpoint):
-    report = sft.evaluate_toy_target(checkpoint, num_problems=12, seed=0, max_new_tokens=24)
-    for key in ("accuracy", "format_valid", "mean_reward"):
-        assert 0.0 <= report["greedy"][key] <= 1.0
-        assert 0.0 <= report["sampled"][key] <= 1.0
-    sampled = report["sampled"]
-    assert sampled["mean_entropy_nats"] > 0
-    assert 1 <= sampled["response_tokens_p50"] <= sampled["response_tokens_p90"] <= sampled["response_tokens_max"]
-    assert [row["steps"] for row in report["buckets"]] == ["1-3", "4-10", "11-30", "31+"]
-    assert sum(row["num"] for row in report["buckets"]) == 12
-    json.dumps(report)  # the CLI writes it as JSON
-    assert "greedy acc" in sft.format_report(report)
-
-
-def test_entropy_of_a_uniform_model_is_log_vocab():
-    class Uniform(torch.nn.Module):
-        def forward(self, input_ids):
-            return type("Out", (), {"logits": torch.zeros(*input_ids.shape, 32)})()
-
-    entropies = sft.sequence_entropies(Uniform(), [[1, 5, 3], [1, 3]], [[7, 2], [2]])
-    assert [len(e) for e in entropies] == [2, 1]
-    assert all(h == pytest.approx(torch.log(torch.tensor(32.0)).item()) for e in entropies for h in e)
-
-
-@pytest.mark.slow
-def test_cached_target_writes_the_format_and_solves_part_of_the_task():
-    """Trains the real target (a few CPU minutes) unless the cache already holds it."""
-    report = sft.evaluate_toy_target(sft.ensure_toy_target(), num_problems=200)
-    assert report["sampled"]["format_valid"] >= 0.9
-    assert 0.0 < report["greedy"]["accuracy"] < 0.95
-    assert 0.0 < report["sampled"]["accuracy"] < 0.95
-
-
 def test_cli_eval_prints_the_table_and_writes_json(checkpoint, tmp_path, capsys):
     from verl_tlt.toy.cli import main
 
@@ -188,7 +145,7 @@ def test_training_and_evaluation_report_progress(checkpoint, tokenizer, caplog):
     model = build_tiny_model(tokenizer, seed=0)
     with caplog.at_level(logging.INFO, logger="verl_tlt.progress"):
         sft.train_steps(model, tokenizer, num_steps=2, seed=0, recipe=FAST_RECIPE)
-        sft.evaluate_toy_target(checkpoint, num_problems=3, seed=0, max_new_tokens=4)
+        evaluate.evaluate_toy_target(checkpoint, num_problems=3, seed=0, max_new_tokens=4)
     lines = [record.getMessage() for record in caplog.records if record.name == "verl_tlt.progress"]
     assert any(line.startswith("toy SFT: 2/2 steps") and ", loss " in line for line in lines), lines
     assert any(line.startswith("toy target eval, greedy answers: 3/3 answers") for line in lines), lines

@@ -86,7 +86,8 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _report(path: str | Path, args: argparse.Namespace) -> dict[str, Any]:
     from verl_tlt.files import write_json
-    from verl_tlt.toy.sft import DEFAULT_EVAL_SEED, evaluate_toy_target, format_report, read_training_info
+    from verl_tlt.toy.evaluate import DEFAULT_EVAL_SEED, evaluate_toy_target, format_report
+    from verl_tlt.toy.sft import read_training_info
 
     seed = DEFAULT_EVAL_SEED if args.eval_seed is None else args.eval_seed
     report = evaluate_toy_target(path, num_problems=args.num_problems, seed=seed, max_new_tokens=args.max_new_tokens)
