@@ -7,5 +7,5 @@ source "$ROOT/scripts/setup_env.sh"
 cd "$ROOT"
 export HF_HUB_OFFLINE=1 WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false
 # A hung Ray worker must not hang CI: the whole run is bounded too (each verl job also has its own timeout). About
-# 15 minutes on a quiet 2-core machine; the bound leaves room for a machine running at a third of that speed.
+# 20 minutes on a quiet 2-core machine; the bound leaves room for a machine at about half that speed.
 exec timeout --kill-after=30 "${VERL_TLT_TEST_TIMEOUT:-2700}" "$VERL_TLT_PYTHON" -m pytest -m "not gpu and not vllm" "$@"
