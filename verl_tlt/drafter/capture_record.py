@@ -40,7 +40,7 @@ class RecordedStep:
 def save_step(directory: str | Path, record: RecordedStep) -> Path:
     """Write one step's record atomically (a reader never sees half of it); returns its directory."""
     path = Path(directory) / STEP_DIR.format(step=record.step)
-    samples = [(s.token_ids, s.hidden_states, s.response_mask, s.step) for s in record.samples]
+    samples = [s.fields() for s in record.samples]
     return save_state(
         path, {"step": record.step, "samples": samples, "shared_weights": record.shared_weights}, kind=RECORD_KIND
     )
@@ -79,14 +79,7 @@ def _read_step(path: Path) -> RecordedStep:
 def _samples(entries: Any) -> list[DrafterSample]:
     if not isinstance(entries, list):
         raise ValueError(f"samples must be a list, found {type(entries).__name__}")
-    samples = []
-    for i, fields in enumerate(entries):
-        if not (
-            isinstance(fields, tuple) and len(fields) == 4 and all(isinstance(f, torch.Tensor) for f in fields[:3])
-        ):
-            raise ValueError(f"samples/{i} must be (token_ids, hidden_states, response_mask, step)")
-        samples.append(DrafterSample(*fields[:3], _checked_int(fields[3], f"samples/{i}/step")))
-    return samples
+    return [DrafterSample.from_fields(fields, f"samples/{i}") for i, fields in enumerate(entries)]
 
 
 def _weights(data: dict) -> dict[str, torch.Tensor] | None:

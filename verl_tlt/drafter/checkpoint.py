@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from verl_tlt.drafter.data import DrafterSample
 from verl_tlt.drafter.safe_state import STATE_FILE, load_state, save_state
 from verl_tlt.files import previous_directory
 
@@ -86,10 +87,7 @@ def _check_buffer(buffer: Any) -> None:
         _expect_count(count, f"buffer/times_used/{sample_id}")
     for sample_id, fields in buffer.get("samples", {}).items():
         _expect_count(sample_id, "buffer/samples key")
-        is_sample = isinstance(fields, tuple) and len(fields) == 4
-        if not (is_sample and all(isinstance(f, torch.Tensor) for f in fields[:3])):
-            raise ValueError(f"buffer/samples/{sample_id} must be (token_ids, hidden_states, response_mask, step)")
-        _expect_count(fields[3], f"buffer/samples/{sample_id}/step")
+        DrafterSample.from_fields(fields, f"buffer/samples/{sample_id}")
 
 
 def _check_optimizer(saved: Any, optimizer: torch.optim.Optimizer) -> None:

@@ -43,6 +43,23 @@ class DrafterSample:
     def num_tokens(self) -> int:
         return self.token_ids.shape[0]
 
+    def fields(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """(token_ids, hidden_states, response_mask, step): how checkpoints and recordings store a sample."""
+        return self.token_ids, self.hidden_states, self.response_mask, self.step
+
+    @classmethod
+    def from_fields(cls, fields: object, where: str = "sample") -> DrafterSample:
+        """The sample `fields()` stored; ValueError naming `where` if they are not three tensors and a step >= 0."""
+        is_sample = isinstance(fields, tuple) and len(fields) == 4
+        if not (is_sample and all(isinstance(f, torch.Tensor) for f in fields[:3])):
+            raise ValueError(f"{where} must be (token_ids, hidden_states, response_mask, step)")
+        step = fields[3]
+        if not isinstance(step, int) or isinstance(step, bool):
+            raise ValueError(f"{where}/step must be an integer, found {step!r}")
+        if step < 0:  # RL steps count from 0
+            raise ValueError(f"{where}/step must be >= 0, found {step}")
+        return cls(*fields)
+
     @property
     def num_loss_pairs(self) -> int:
         return int(self.response_mask[1:].sum())
@@ -220,9 +237,7 @@ class DrafterDataBuffer:
     def _state_dict(self, include_samples: bool) -> dict:
         state = {"next_id": self.next_id, "times_used": dict(self.times_used), "num_evicted": self.num_evicted}
         if include_samples:
-            state["samples"] = {
-                i: (s.token_ids, s.hidden_states, s.response_mask, s.step) for i, s in self.samples.items()
-            }
+            state["samples"] = {i: s.fields() for i, s in self.samples.items()}
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -232,7 +247,8 @@ class DrafterDataBuffer:
     def _load_state_dict(self, state: dict) -> None:
         if "samples" in state:
             self.samples = OrderedDict(
-                (int(i), DrafterSample(*fields)) for i, fields in sorted(state["samples"].items())
+                (int(i), DrafterSample.from_fields(fields, f"buffer/samples/{i}"))
+                for i, fields in sorted(state["samples"].items())
             )
             self.num_tokens = sum(s.num_tokens for s in self.samples.values())
         self.times_used = {int(i): n for i, n in state["times_used"].items() if int(i) in self.samples}
