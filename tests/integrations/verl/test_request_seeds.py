@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from verl_tlt.integrations.verl.request_seeds import slot_name, slot_seed
+from verl_tlt.integrations.verl.request_seeds import rollout_seed, slot_name, slot_seed
 
 
 def test_slots_are_named_by_step_dataset_index_and_group_member():
@@ -18,3 +18,15 @@ def test_slot_seeds_are_stable_distinct_and_63_bit():
     assert slot_seed(0, "1/7/s1", [5, 6]) == slot_seed(0, "1/7/s1", [5, 6])
     assert slot_seed(1, "1/7/s1", [5, 6]) != slot_seed(0, "1/7/s1", [5, 6])
     assert slot_seed(0, "1/7/s1", [5, 7]) != slot_seed(0, "1/7/s1", [5, 6])  # the prompt is part of the seed
+
+
+def test_the_rollout_seed_reads_mappings_and_attribute_configs_and_treats_null_as_zero():
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+    from verl.workers.config import RolloutConfig
+
+    assert rollout_seed(OmegaConf.create({"seed": 7})) == 7
+    assert rollout_seed({"seed": None}) == 0 and rollout_seed({}) == 0
+    assert rollout_seed(SimpleNamespace(seed=3)) == 3
+    assert rollout_seed(RolloutConfig(name="torch", seed=5)) == 5

@@ -19,6 +19,12 @@ from typing import Any
 SLOT_AGENT_LOOP = "slot_seeded_single_turn_agent"
 
 
+def rollout_seed(rollout_config: Any) -> int:
+    """`actor_rollout_ref.rollout.seed` (verl's RolloutConfig or a plain mapping); unset or null means 0."""
+    value = rollout_config.get("seed") if hasattr(rollout_config, "get") else getattr(rollout_config, "seed", None)
+    return int(value or 0)
+
+
 def slot_name(global_step: Any, index: Any, session_id: Any, priority: Any = None) -> str | None:
     """The name of a sample slot, or None without a dataset index.
 

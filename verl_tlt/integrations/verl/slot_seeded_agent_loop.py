@@ -15,7 +15,7 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import register
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 
-from verl_tlt.integrations.verl.request_seeds import SLOT_AGENT_LOOP, slot_name, slot_seed
+from verl_tlt.integrations.verl.request_seeds import SLOT_AGENT_LOOP, rollout_seed, slot_name, slot_seed
 
 
 class _SeededRequests:
@@ -43,7 +43,7 @@ class SlotSeededSingleTurnAgentLoop(SingleTurnAgentLoop):
             _plain(kwargs.get("priority")),
         )
         if slot is not None:  # an agent loop instance serves one sample
-            base_seed = int(getattr(self.rollout_config, "seed", 0) or 0)
+            base_seed = rollout_seed(self.rollout_config)
             self.server_manager = _SeededRequests(self.server_manager, base_seed, slot)
         return await super().run(sampling_params, **kwargs)
 

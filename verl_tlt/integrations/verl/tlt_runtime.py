@@ -34,6 +34,7 @@ from verl_tlt.files import write_json
 from verl_tlt.integrations.verl.checkpoint_paths import checkpoint_root, resumed_folder, step_folder
 from verl_tlt.integrations.verl.coordinator import SpotCoordinator
 from verl_tlt.integrations.verl.drafter_pool import DrafterPool
+from verl_tlt.integrations.verl.request_seeds import rollout_seed
 from verl_tlt.integrations.verl.rollout_trace import rollout_summary
 from verl_tlt.integrations.verl.torch_rollout_config import torch_rollout_config
 from verl_tlt.metrics.long_tail import long_tail_metrics
@@ -133,7 +134,7 @@ class TLTRuntime:
     def _make_workers(self, target_path: str) -> list[Any]:
         threads = torch_rollout_config(self.config.actor_rollout_ref.rollout).num_threads
         fault = os.environ.get(FAULT_ENV, "")
-        seed = int(self.config.actor_rollout_ref.rollout.get("seed", 0) or 0)
+        seed = rollout_seed(self.config.actor_rollout_ref.rollout)
         workers = []
         for rank, server in enumerate(self.servers):
             node = ray.get(server.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()))

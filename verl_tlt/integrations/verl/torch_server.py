@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from verl_tlt.engine import CompletionOutput, RolloutEngine, SamplingParams
+from verl_tlt.integrations.verl.request_seeds import rollout_seed
 from verl_tlt.integrations.verl.rollout_trace import RolloutTrace, append_jsonl, weights_sha256
 from verl_tlt.integrations.verl.torch_rollout_config import torch_rollout_config
 from verl_tlt.modeling.model import UnsupportedModelError
@@ -77,7 +78,7 @@ class TorchRolloutServer:
             dtype=resolve_dtype(self.config.dtype),
             max_num_seqs=int(self.config.max_num_seqs if options.max_num_seqs is None else options.max_num_seqs),
             max_model_len=max_model_len,
-            seed=int(self.config.get("seed", 0) or 0) + self.replica_rank,
+            seed=rollout_seed(self.config) + self.replica_rank,
             logprobs_mode=self.config.logprobs_mode or "processed_logprobs",
             compile=options.compile,
             cuda_graphs=options.cuda_graphs,
