@@ -8,7 +8,6 @@ is on, else verl's `timing_s/gen`), the acceptance length when TLT speculated, a
 
 from __future__ import annotations
 
-import json
 import logging
 import statistics
 import time
@@ -16,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from verl_tlt.progress import DEFAULT_EVERY_S, format_duration
+from verl_tlt.quickstart.verl_job import metrics_row
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +41,7 @@ class MetricsTail:
         rows = []
         for line in complete.splitlines():
             try:
-                row = json.loads(line)
-                rows.append({"step": row["step"], **row["data"]})
+                rows.append(metrics_row(line))
             except (ValueError, KeyError, TypeError):
                 logger.warning("skipping an unreadable line of %s: %r", self.path, line[:200])
         return rows

@@ -129,12 +129,18 @@ def _kill(process: subprocess.Popen, env: dict[str, str]) -> None:
     _stop_ray(env)
 
 
+def metrics_row(line: str | bytes) -> dict:
+    """One line of verl's file logger, {"step": n, "data": {...}}, as {"step": n, **data}."""
+    row = json.loads(line)
+    return {"step": row["step"], **row["data"]}
+
+
 def read_metrics(path: Path) -> list[dict]:
-    """verl's file logger writes one JSON line per step: {"step": n, "data": {...}}."""
+    """Every step's metrics from verl's file logger, in step order."""
     if not path.exists():
         return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [{"step": row["step"], **row["data"]} for row in sorted(rows, key=lambda r: r["step"])]
+    rows = [metrics_row(line) for line in path.read_text().splitlines() if line.strip()]
+    return sorted(rows, key=lambda r: r["step"])
 
 
 def read_rollouts(dump_dir: Path, step: int) -> list[dict]:
