@@ -163,19 +163,20 @@ def _build_trainer_class() -> type:
             self.tlt.after_validation()
 
         def _compute_old_log_prob(self, batch, metrics):
-            if _bypasses_log_prob(self.config):
-                return super()._compute_old_log_prob(batch, metrics)
-            self.tlt.arm_capture(self.global_steps)
-            batch = super()._compute_old_log_prob(batch, metrics)
-            self.tlt.collect_capture()
-            return batch
+            forward = super()._compute_old_log_prob
+            return (
+                forward(batch, metrics) if _bypasses_log_prob(self.config) else self._captured(forward, batch, metrics)
+            )
 
         def _update_actor(self, batch, metrics):
-            if not _bypasses_log_prob(self.config):
-                return super()._update_actor(batch, metrics)
-            # verl skipped the log-prob pass (rollout_correction.bypass_mode): capture on the update's forward.
+            # With rollout_correction.bypass_mode verl skips the log-prob pass: capture on the update's forward.
+            update = super()._update_actor
+            return self._captured(update, batch, metrics) if _bypasses_log_prob(self.config) else update(batch, metrics)
+
+        def _captured(self, actor_pass, batch, metrics):
+            """Run one of verl's actor passes with the hidden-state capture armed on its forward."""
             self.tlt.arm_capture(self.global_steps)
-            batch = super()._update_actor(batch, metrics)
+            batch = actor_pass(batch, metrics)
             self.tlt.collect_capture()
             return batch
 
