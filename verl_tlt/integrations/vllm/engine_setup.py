@@ -1,0 +1,28 @@
+"""The engine arguments TLT adds to a vLLM engine, shared by the TLT server in verl and the local engine.
+
+Pure except for ``cpu_engine_env`` (environment variables for vLLM's CPU build); no vLLM import.
+"""
+
+from __future__ import annotations
+
+import os
+
+from verl_tlt.config import SpeculativeConfig
+from verl_tlt.integrations.vllm.cpu_unpacked_weights import ENV as UNPACKED_WEIGHTS_ENV
+from verl_tlt.integrations.vllm.speculative_config import build_speculative_config
+
+TLT_WORKER_EXTENSION = "verl_tlt.integrations.vllm.worker_extension.TLTWorkerExtension"
+
+
+def speculative_engine_args(speculative: SpeculativeConfig, drafter_dir: str, max_num_seqs: int) -> dict:
+    """``speculative_config`` (EAGLE-1 from `drafter_dir`, K schedule gated by the threshold)."""
+    return {"speculative_config": build_speculative_config(speculative, drafter_dir, max_num_seqs)}
+
+
+def cpu_engine_env() -> None:
+    """On vLLM's CPU build: weights that reloads reach, and a small KV cache (GiB) unless the user set one.
+
+    Set in this process before the engine starts; vLLM's engine core and workers inherit the environment.
+    """
+    os.environ.setdefault(UNPACKED_WEIGHTS_ENV, "1")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")

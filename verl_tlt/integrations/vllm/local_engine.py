@@ -1,0 +1,122 @@
+"""A TLT-configured vLLM engine in this process, outside verl: for ``verl-tlt bench sd --backend vllm`` and the
+vLLM test tier.
+
+It assembles the engine exactly like the TLT server does inside verl (``engine_setup``): EAGLE-1 drafter from an
+export, the per-batch-size K schedule from ``tlt.speculative``, TLT's worker extension (in-place drafter loads),
+stat logging on with TLT's spec-decode logger. Token ids in, token ids out (no tokenizer).
+
+vLLM starts its engine core in a child process: scripts that construct this must run under
+``if __name__ == "__main__":``, and callers should bound everything with a timeout (a crashed engine core can leave
+the caller waiting forever).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from verl_tlt.config import SpeculativeConfig
+from verl_tlt.integrations.vllm.engine_setup import TLT_WORKER_EXTENSION, cpu_engine_env, speculative_engine_args
+from verl_tlt.integrations.vllm.spec_stats import SpecStepCounter, stat_logger_factory
+
+
+@dataclass
+class Generation:
+    token_ids: list[list[int]]
+    log_probs: list[list[float]] | None
+    seconds: float
+
+
+class LocalVllmEngine:
+    def __init__(
+        self,
+        model: str,
+        *,
+        drafter_dir: str | None = None,
+        speculative: SpeculativeConfig | None = None,
+        max_num_seqs: int = 64,
+        max_model_len: int = 1024,
+        dtype: str = "float32",
+        seed: int = 0,
+        schedule: list[list[int]] | None = None,
+        num_speculative_tokens: int | None = None,
+    ):
+        """drafter_dir None: plain decoding. schedule / num_speculative_tokens override what `speculative` gives
+        (a fixed K for benchmarks: schedule [[1, max_num_seqs, K]])."""
+        cpu_engine_env()
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.speculative = speculative or SpeculativeConfig()
+        self.counter = SpecStepCounter(self.speculative.threshold, self.speculative.buckets)
+        kwargs: dict[str, Any] = {}
+        if drafter_dir is not None:
+            kwargs = speculative_engine_args(self.speculative, drafter_dir, max_num_seqs)
+            spec = kwargs["speculative_config"]
+            if num_speculative_tokens is not None:
+                spec["num_speculative_tokens"] = num_speculative_tokens
+            if schedule is not None:
+                spec["num_speculative_tokens_per_batch_size"] = schedule
+        args = AsyncEngineArgs(
+            model=model,
+            skip_tokenizer_init=True,
+            enforce_eager=True,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            seed=seed,
+            disable_log_stats=False,
+            worker_extension_cls=TLT_WORKER_EXTENSION,
+            **kwargs,
+        )
+        self._loop = asyncio.new_event_loop()
+        self._ids = itertools.count()
+        self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[stat_logger_factory(self.counter)])
+
+    def generate(
+        self, prompts: list[list[int]], max_tokens: int, *, temperature: float = 0.0, seed: int | None = None,
+        logprobs: bool = False,
+    ) -> Generation:
+        """All prompts submitted at once (one batch that drains: a rollout's shape); token ids per prompt."""
+        return self._loop.run_until_complete(self._generate(prompts, max_tokens, temperature, seed, logprobs))
+
+    async def _generate(self, prompts, max_tokens, temperature, seed, logprobs) -> Generation:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        async def one(index: int, prompt: list[int]):
+            params = SamplingParams(
+                max_tokens=max_tokens,
+                temperature=temperature,
+                seed=None if seed is None else seed + index,
+                detokenize=False,
+                logprobs=0 if logprobs else None,
+            )
+            final = None
+            async for output in self.engine.generate(TokensPrompt(prompt_token_ids=prompt), params, f"r{next(self._ids)}"):
+                final = output
+            completion = final.outputs[0]
+            ids = list(completion.token_ids)
+            lps = [step[t].logprob for t, step in zip(ids, completion.logprobs)] if logprobs else None
+            return ids, lps
+
+        began = time.perf_counter()
+        results = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+        seconds = time.perf_counter() - began
+        return Generation(
+            [ids for ids, _ in results], [lps for _, lps in results] if logprobs else None, seconds
+        )
+
+    def load_drafter(self, path: str, version: int) -> list[dict]:
+        """Load the export at `path` into every worker's drafter in place; each worker's result."""
+        return self._loop.run_until_complete(self.engine.collective_rpc("tlt_load_drafter", args=(path, version)))
+
+    def take_stats(self, reset: bool = True) -> dict:
+        return self.counter.take_stats(reset)
+
+    def close(self) -> None:
+        self.engine.shutdown()
+        self._loop.close()

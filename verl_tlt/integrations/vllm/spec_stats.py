@@ -1,0 +1,125 @@
+"""vLLM's per-step spec-decode stats, turned into the torch engine's counters (the same ``tlt/sd/*`` metrics).
+
+vLLM reports, per engine step, ``SchedulerStats`` (running requests; ``spec_decoding_stats``: drafts verified,
+draft tokens, accepted tokens, per position) and ``IterationStats`` (tokens generated) to the stat loggers of its
+front end, and only when stat logging is on. The TLT server passes a logger (``stat_logger_factory``) that feeds
+one ``SpecStepCounter``; the counter keeps:
+
+- a ``DecodeStats`` like the torch engine's: steps and tokens with and without speculation, the strategy (a
+  chain of K = draft tokens / drafts) per batch-size bucket, and committed tokens per verified row per strategy;
+- the rollout's totals in the trace's terms (verify steps, draft tokens, accepted tokens, output tokens), from which
+  the acceptance length follows as (accepted + verify steps) / verify steps.
+
+A step that verified drafts is speculative; one that generated tokens without verifying any is plain. The batch
+size of a step is the number of running requests vLLM reports with it. Seconds per step are not reported by vLLM
+and stay 0. ``record_step`` is pure (no vLLM import) so tests can drive it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from verl_tlt.engine.decode_stats import DecodeStats
+from verl_tlt.integrations.verl.rollout_trace import SD_COUNTERS
+from verl_tlt.spec.strategy import SpecStrategy
+
+
+class _Buckets:
+    """The adaptive policy's batch-size buckets (``bucket_of``), for labelling steps like the torch engine does."""
+
+    def __init__(self, threshold: int, buckets: Sequence[int]):
+        self.threshold, self.buckets = threshold, tuple(buckets)
+
+    def bucket_of(self, batch_size: int) -> int | None:
+        if batch_size > self.threshold or batch_size < 1:
+            return None
+        return max(lower for lower in self.buckets if lower <= batch_size)
+
+
+class SpecStepCounter:
+    """Thread-safe: vLLM's output handler records, the server's RPCs read and reset."""
+
+    def __init__(self, threshold: int, buckets: Sequence[int]):
+        self._buckets = _Buckets(threshold, buckets)
+        self._lock = threading.Lock()
+        self.stats = DecodeStats()
+        self.totals = dict.fromkeys(SD_COUNTERS, 0)
+        self.accepted_per_position: list[int] = []
+        self.running_when_speculating: list[int] = []  # batch sizes of SD steps since the last take (for tests)
+
+    def record_step(
+        self,
+        num_running: int,
+        generated_tokens: int,
+        num_drafts: int = 0,
+        num_draft_tokens: int = 0,
+        num_accepted: int = 0,
+        accepted_per_position: Sequence[int] = (),
+    ) -> None:
+        with self._lock:
+            self.totals["num_output_tokens"] += generated_tokens
+            if num_drafts > 0:
+                k = round(num_draft_tokens / num_drafts)
+                strategy = SpecStrategy(depth=max(k, 1))
+                self.stats.record(strategy, num_drafts, num_accepted + num_drafts, 0.0, self._buckets)
+                self.totals["num_verify_steps"] += num_drafts
+                self.totals["num_draft_tokens"] += num_draft_tokens
+                self.totals["num_accepted_tokens"] += num_accepted
+                if len(self.accepted_per_position) < len(accepted_per_position):
+                    self.accepted_per_position += [0] * (len(accepted_per_position) - len(self.accepted_per_position))
+                for position, count in enumerate(accepted_per_position):
+                    self.accepted_per_position[position] += int(count)
+                self.running_when_speculating.append(num_running)
+            elif generated_tokens > 0:
+                self.stats.record(None, max(num_running, 1), generated_tokens, 0.0, self._buckets)
+
+    def take_stats(self, reset: bool = True) -> dict[str, Any]:
+        """The torch server's ``sd_stats`` dict (``DecodeStats.as_dict()`` plus ``drafter_error``)."""
+        with self._lock:
+            stats = self.stats.as_dict()
+            stats["drafter_error"] = None
+            stats["accepted_per_position"] = list(self.accepted_per_position)
+            stats["running_when_speculating"] = list(self.running_when_speculating)
+            if reset:
+                self.stats = DecodeStats()
+                self.accepted_per_position = []
+                self.running_when_speculating = []
+        return stats
+
+    def take_totals(self) -> dict[str, int]:
+        """This rollout's trace counters (``RolloutTrace.sd_totals``' keys), and start afresh."""
+        with self._lock:
+            totals, self.totals = self.totals, dict.fromkeys(SD_COUNTERS, 0)
+        return totals
+
+
+def stat_logger_factory(counter: SpecStepCounter):
+    """A vLLM ``StatLoggerFactory`` whose loggers feed `counter` (pass in ``stat_loggers=[...]``)."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class TLTSpecStatLogger(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0):
+            self.engine_index = engine_index
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0) -> None:
+            generated = iteration_stats.num_generation_tokens if iteration_stats is not None else 0
+            running = scheduler_stats.num_running_reqs if scheduler_stats is not None else 0
+            spec = scheduler_stats.spec_decoding_stats if scheduler_stats is not None else None
+            if spec is None:
+                counter.record_step(running, generated)
+            else:
+                counter.record_step(
+                    running,
+                    generated,
+                    spec.num_drafts,
+                    spec.num_draft_tokens,
+                    spec.num_accepted_tokens,
+                    spec.num_accepted_tokens_per_pos,
+                )
+
+        def log_engine_initialized(self) -> None:
+            return None
+
+    return TLTSpecStatLogger

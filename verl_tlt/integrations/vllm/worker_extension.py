@@ -1,0 +1,114 @@
+"""Code that runs inside vLLM's worker processes: load TLT's drafter in place, and keep it across sleep/wake.
+
+verl's vLLM server passes ``worker_extension_cls``; vLLM mixes that class into its worker. TLT's extension
+subclasses verl's own (whose weight sync must keep working) and adds methods the TLT server calls through
+``engine.collective_rpc``:
+
+- ``tlt_load_drafter(path, version)``: read an EAGLE-1 export's tensors (``verl_tlt.drafter.export`` layout) and
+  load them into the running drafter: ``fc`` and the decoder layer only. The embedding and LM head are never
+  loaded: vLLM shares the target's modules with the drafter, so loading them would overwrite the target's.
+  A load that fails part-way restores the previous drafter's tensors, so the engine keeps the last good drafter.
+- ``tlt_drafter_version()``: the version each worker runs.
+
+Sleep: a level-2 sleep discards every weight, the drafter's too, and verl's weight sync restores the target only.
+vLLM forbids extensions from overriding ``sleep``/``wake_up`` (a name-conflict assert), so the worker instance's
+``wake_up`` is wrapped instead: after a wake-up that brought weights back, the drafter's last loaded tensors (a
+CPU copy) are loaded again.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension
+
+logger = logging.getLogger(__name__)
+
+# Tensor name prefixes of a drafter export that belong to the drafter alone (never the target's shared modules).
+DRAFTER_OWN_PREFIXES = ("fc.", "layers.")
+
+
+class TLTWorkerExtension(vLLMColocateWorkerExtension):
+    def tlt_load_drafter(self, path: str, version: int) -> dict[str, Any]:
+        """Load the export at `path` as drafter `version`; returns {"version", "loaded", "rank"}."""
+        from verl_tlt.integrations.vllm.drafter_files import read_drafter_tensors
+
+        self._tlt_install_wake_up_restore()
+        model = self._tlt_draft_model()
+        tensors = {name: t for name, t in read_drafter_tensors(path).items() if name.startswith(DRAFTER_OWN_PREFIXES)}
+        if not tensors:
+            raise ValueError(f"drafter version {version} at {path} has no fc.* / layers.* tensors")
+        previous = self._tlt_snapshot
+        try:
+            _load(model, tensors)
+        except Exception:
+            if previous is not None:  # put back what a partial load overwrote
+                _load(model, previous)
+            raise
+        self._tlt_snapshot = {name: t.clone() for name, t in tensors.items()}
+        self._tlt_version = version
+        return {"version": version, "loaded": len(tensors), "rank": getattr(self, "rank", 0)}
+
+    def tlt_drafter_version(self) -> int | None:
+        return getattr(self, "_tlt_version", None)
+
+    def tlt_remember_drafter(self, path: str, version: int) -> dict[str, Any]:
+        """Keep a CPU copy of the drafter vLLM loaded at start (from `path`) so a level-2 sleep cannot lose it."""
+        from verl_tlt.integrations.vllm.drafter_files import read_drafter_tensors
+
+        self._tlt_install_wake_up_restore()
+        self._tlt_draft_model()  # fail now, not at the first wake-up, if there is no drafter
+        self._tlt_snapshot = {
+            name: t for name, t in read_drafter_tensors(path).items() if name.startswith(DRAFTER_OWN_PREFIXES)
+        }
+        self._tlt_version = version
+        return {"version": version, "loaded": len(self._tlt_snapshot), "rank": getattr(self, "rank", 0)}
+
+    # ----- internals -------------------------------------------------------------------------------------------
+
+    @property
+    def _tlt_snapshot(self) -> dict[str, torch.Tensor] | None:
+        return self.__dict__.get("_tlt_snapshot_tensors")
+
+    @_tlt_snapshot.setter
+    def _tlt_snapshot(self, value: dict[str, torch.Tensor] | None) -> None:
+        self.__dict__["_tlt_snapshot_tensors"] = value
+
+    def _tlt_draft_model(self) -> torch.nn.Module:
+        """The running drafter module, found by feature (vLLM 0.26+ API, the V1 runner's field, Model Runner V2)."""
+        candidates = (
+            lambda: self.get_draft_model() if hasattr(self, "get_draft_model") else None,
+            lambda: self.model_runner.get_draft_model() if hasattr(self.model_runner, "get_draft_model") else None,
+            lambda: getattr(getattr(self.model_runner, "drafter", None), "model", None),
+            lambda: getattr(getattr(self.model_runner, "speculator", None), "model", None),
+        )
+        for find in candidates:
+            model = find()
+            if model is not None:
+                return model
+        raise RuntimeError(
+            "TLT: this vLLM worker has no drafter model (was the engine started without speculative_config?)"
+        )
+
+    def _tlt_install_wake_up_restore(self) -> None:
+        if self.__dict__.get("_tlt_wake_up_wrapped"):
+            return
+        wake_up = self.wake_up  # the bound method of vLLM's worker class
+
+        def wake_up_and_restore(tags: list[str] | None = None) -> Any:
+            result = wake_up(tags)
+            if (tags is None or "weights" in tags) and self._tlt_snapshot is not None:
+                _load(self._tlt_draft_model(), self._tlt_snapshot)
+                logger.info("TLT: drafter version %s restored after wake-up", self.tlt_drafter_version())
+            return result
+
+        self.wake_up = wake_up_and_restore  # instance attribute: the class method stays vLLM's
+        self.__dict__["_tlt_wake_up_wrapped"] = True
+
+
+def _load(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """The drafter model's own loader (it fuses q/k/v and gate/up, and maps names), with copies of `tensors`."""
+    model.load_weights((name, tensor.clone()) for name, tensor in tensors.items())
