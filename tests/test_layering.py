@@ -29,7 +29,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("modeling",),
     ("drafter",),
     ("engine",),
-    ("integrations.verl", "integrations.vllm"),
+    # The vLLM backend (TLT server over verl's vLLM rollout) sits below the verl glue that drives both backends.
+    ("integrations.vllm",),
+    ("integrations.verl",),
     ("warmup",),
     ("toy",),
     ("quickstart", "sim"),

@@ -15,7 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from verl_tlt.integrations.verl.rollout_trace import rollout_summary, rollout_weights_sha256
+from verl_tlt.metrics.rollout_trace import rollout_summary, rollout_weights_sha256
 from verl_tlt.toy.task import COMPACT, response_style
 
 # Step-time parts verl times separately (timing_s/<part>); the rest of timing_s/step is "other".

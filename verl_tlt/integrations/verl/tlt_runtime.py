@@ -35,7 +35,7 @@ from verl_tlt.integrations.verl.checkpoint_paths import checkpoint_root, resumed
 from verl_tlt.integrations.verl.coordinator import SpotCoordinator
 from verl_tlt.integrations.verl.drafter_pool import DrafterPool
 from verl_tlt.integrations.verl.request_seeds import rollout_seed
-from verl_tlt.integrations.verl.rollout_trace import rollout_summary
+from verl_tlt.metrics.rollout_trace import rollout_summary
 from verl_tlt.integrations.verl.torch_rollout_config import torch_rollout_config
 from verl_tlt.metrics.long_tail import long_tail_metrics
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from verl_tlt.engine.decode_stats import DecodeStats
-from verl_tlt.integrations.verl.rollout_trace import SD_COUNTERS
+from verl_tlt.metrics.rollout_trace import SD_COUNTERS
 from verl_tlt.spec.strategy import SpecStrategy
 
 

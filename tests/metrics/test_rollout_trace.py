@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from verl_tlt.integrations.verl.rollout_trace import (
+from verl_tlt.metrics.rollout_trace import (
     SD_COUNTERS,
     RolloutTrace,
     acceptance_length,
