@@ -63,18 +63,20 @@ def toy_grpo_overrides(
     reward_fn: str | None = None,
     model_dir: str | Path | None = None,
     replicas: int = 1,
+    rollout: str = "torch",
 ) -> list[str]:
-    """verl overrides for GRPO on the toy world on CPU (everything platform-specific comes from +cpu=torch).
+    """verl overrides for GRPO on the toy world on CPU (everything platform-specific comes from +cpu=<rollout>).
 
     model_dir: the actor's initial weights (default: the world's untrained model), e.g. the SFT toy target.
     replicas: trainer workers = rollout replicas (one CPU core each); each worker gets an equal share of a batch.
+    rollout: "torch" (verl-tlt's torch engine) or "vllm" (verl's vLLM rollout on vLLM's CPU build).
     """
     if (batch_size * group_size) % replicas:
         raise ValueError(f"{batch_size} prompts x {group_size} samples do not split evenly over {replicas} replicas")
     mini_batch = batch_size
     micro_batch = batch_size * group_size // replicas
     return [
-        "+cpu=torch",
+        f"+cpu={rollout}",
         "algorithm.adv_estimator=grpo",
         f"data.train_files={world.train_parquet}",
         f"data.val_files={world.val_parquet}",

@@ -65,17 +65,56 @@ def test_a_config_without_trainer_settings_is_refused_not_guessed():
     assert "trainer.use_v1=<not set>" in message
 
 
-def test_vllm_is_refused_with_the_fix():
-    message = _refusal(_verl_config({"enabled": True}, rollout="vllm"))
-    assert "actor_rollout_ref.rollout.name=vllm" in message and "not available in this version" in message
-    assert "set actor_rollout_ref.rollout.name=torch" in message and "tlt.enabled=false (the default)" in message
+def test_tlt_on_passes_with_verls_vllm_rollout():
+    assert check_requirements(_verl_config({"enabled": True}, rollout="vllm")) == TLTConfig(enabled=True)
+
+
+def test_another_rollout_is_refused_with_the_fix():
+    message = _refusal(_verl_config({"enabled": True}, rollout="sglang"))
+    assert "got sglang" in message and "actor_rollout_ref.rollout.name=vllm" in message
+    assert "tlt.enabled=false (the default)" in message
+
+
+def _vllm_refusal(rollout: dict, tlt: dict | None = None) -> str:
+    config = _verl_config({"enabled": True, **(tlt or {})}, rollout="vllm")
+    config["actor_rollout_ref"]["rollout"].update(rollout)
+    return _refusal(config)
+
+
+@pytest.mark.parametrize(
+    ("rollout", "expected"),
+    [
+        ({"data_parallel_size": 2}, "actor_rollout_ref.rollout.data_parallel_size=1"),
+        ({"mtp": {"enable": True, "enable_rollout": True}}, "actor_rollout_ref.rollout.mtp.enable_rollout=false"),
+        ({"checkpoint_engine": {"backend": "delta_sharded"}}, "checkpoint_engine.backend=naive"),
+        ({"engine_kwargs": {"vllm": {"speculative_config": {"method": "ngram"}}}}, "remove that override"),
+        ({"engine_kwargs": {"vllm": {"worker_extension_cls": "my.Ext"}}}, "remove that override"),
+    ],
+)
+def test_what_tlt_cannot_serve_on_vllm_is_refused_with_the_fix(rollout, expected):
+    message = _vllm_refusal(rollout)
+    assert expected in message and "tlt.enabled=false" in message
+
+
+def test_vllm_accepts_what_it_can_serve():
+    config = _verl_config({"enabled": True}, rollout="vllm")
+    config["actor_rollout_ref"]["rollout"].update(
+        {"data_parallel_size": 1, "mtp": {"enable": True, "enable_rollout": False}, "checkpoint_engine": {"backend": "naive"}}
+    )
+    check_requirements(config)
+
+
+def test_explicit_tree_strategies_are_refused_on_vllm_with_the_chains_that_fix_it():
+    message = _vllm_refusal({}, {"speculative": {"strategies": ["6_4_8", "4_1_4"]}})
+    assert "vLLM drafts chains only" in message and """tlt.speculative.strategies='["6_1_6","4_1_4"]'""" in message
+    check_requirements(_verl_config({"enabled": True, "speculative": {"strategies": ["6_4_8"]}}))  # torch: trees fine
 
 
 def test_an_unset_rollout_name_reads_as_not_set():
-    assert "actor_rollout_ref.rollout.name=<not set>" in _refusal(_verl_config({"enabled": True}, rollout=None))
+    assert "got <not set>" in _refusal(_verl_config({"enabled": True}, rollout=None))
     # verl's own default is the mandatory value `???`; the check reads it as unset instead of failing on it.
     config = OmegaConf.create(_verl_config({"enabled": True}, rollout="???"))
-    assert "actor_rollout_ref.rollout.name=<not set>" in _refusal(config)
+    assert "got <not set>" in _refusal(config)
 
 
 def test_a_missing_drafter_directory_is_refused_before_anything_starts(tmp_path):

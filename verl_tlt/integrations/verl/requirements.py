@@ -20,8 +20,9 @@ from typing import Any
 from verl_tlt.config import ROOT_KEY, TLTConfig
 from verl_tlt.integrations.verl.mode_selection import TLT_TRAINER_MODE, VERL_SYNC_MODE
 
-# The rollout name of verl-tlt's torch engine (the plugin registers it): the only rollout TLT runs on so far.
+# The rollout name of verl-tlt's torch engine (the plugin registers it), and verl's vLLM rollout: TLT runs on both.
 TORCH_ROLLOUT_NAME = "torch"
+VLLM_ROLLOUT_NAME = "vllm"
 
 
 class TLTNotAvailableError(RuntimeError):
@@ -42,7 +43,7 @@ def check_requirements(config: Mapping[str, Any]) -> TLTConfig:
     tlt_cfg = tlt_config_of(config)
     if tlt_cfg.enabled:
         _check_trainer(config)
-        _check_rollout(config)
+        _check_rollout(config, tlt_cfg)
         _check_drafter_init(tlt_cfg.drafter.init)
     return tlt_cfg
 
@@ -73,15 +74,56 @@ def _check_trainer(config: Mapping[str, Any]) -> None:
         )
 
 
-def _check_rollout(config: Mapping[str, Any]) -> None:
+def _check_rollout(config: Mapping[str, Any], tlt_cfg: TLTConfig) -> None:
     name = _get(config, "actor_rollout_ref.rollout.name")
+    if name == VLLM_ROLLOUT_NAME:
+        _check_vllm_rollout(config, tlt_cfg)
+        return
     if name != TORCH_ROLLOUT_NAME:
         raise TLTNotAvailableError(
-            f"{ROOT_KEY}.enabled=true needs verl-tlt's torch rollout engine, got actor_rollout_ref.rollout.name="
-            f"{_shown(name)}. The vLLM path of TLT (speculative_config injection, drafter sync into vLLM) is not "
-            f"available in this version of verl-tlt. Fix: set actor_rollout_ref.rollout.name={TORCH_ROLLOUT_NAME} "
-            f"(on CPU: +cpu=torch), or run with {ROOT_KEY}.enabled=false (the default) for stock verl behaviour."
+            f"{ROOT_KEY}.enabled=true runs on actor_rollout_ref.rollout.name={VLLM_ROLLOUT_NAME} or "
+            f"{TORCH_ROLLOUT_NAME} (verl-tlt's torch engine), got {_shown(name)}. Fix: set "
+            f"actor_rollout_ref.rollout.name={VLLM_ROLLOUT_NAME} (on CPU: {TORCH_ROLLOUT_NAME}, +cpu=torch), or run with "
+            f"{ROOT_KEY}.enabled=false (the default) for stock verl behaviour."
         )
+
+
+def _check_vllm_rollout(config: Mapping[str, Any], tlt_cfg: TLTConfig) -> None:
+    """What TLT cannot serve on verl's vLLM rollout, each with the override that fixes it."""
+    rollout = "actor_rollout_ref.rollout"
+    off = f"or set {ROOT_KEY}.enabled=false"
+    data_parallel = _get(config, f"{rollout}.data_parallel_size")
+    if data_parallel not in (None, 1):
+        raise TLTNotAvailableError(
+            f"{ROOT_KEY}.enabled=true with {rollout}.data_parallel_size={data_parallel}: vLLM turns its per-batch-size "
+            f"speculation schedule off under data parallelism, so TLT could not gate SD to the long tail. Fix: "
+            f"{rollout}.data_parallel_size=1 (more replicas instead), {off}."
+        )
+    if _get(config, f"{rollout}.mtp.enable") and _get(config, f"{rollout}.mtp.enable_rollout"):
+        raise TLTNotAvailableError(
+            f"{ROOT_KEY}.enabled=true with {rollout}.mtp.enable_rollout=true: vLLM runs one drafter, and TLT's EAGLE "
+            f"drafter would replace the MTP one. Fix: {rollout}.mtp.enable_rollout=false, {off}."
+        )
+    backend = _get(config, f"{rollout}.checkpoint_engine.backend")
+    if backend == "delta_sharded":
+        raise TLTNotAvailableError(
+            f"{ROOT_KEY}.enabled=true with {rollout}.checkpoint_engine.backend=delta_sharded: that weight transfer "
+            f"replaces the worker extension TLT loads drafters through. Fix: {rollout}.checkpoint_engine.backend=naive, "
+            f"{off}."
+        )
+    for key in ("speculative_config", "worker_extension_cls"):
+        value = _get(config, f"{rollout}.engine_kwargs.vllm.{key}")
+        if value is not None:
+            raise TLTNotAvailableError(
+                f"{rollout}.engine_kwargs.vllm.{key}={value!r} is set, but with {ROOT_KEY}.enabled=true TLT sets it "
+                f"(its drafter, K schedule and worker extension). Fix: remove that override, {off}."
+            )
+    from verl_tlt.integrations.vllm.speculative_config import chain_depths
+
+    try:
+        chain_depths(tlt_cfg.speculative)
+    except ValueError as error:
+        raise TLTNotAvailableError(str(error)) from error
 
 
 def _check_drafter_init(init: str) -> None:

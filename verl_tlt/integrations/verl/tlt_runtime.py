@@ -35,6 +35,7 @@ from verl_tlt.integrations.verl.checkpoint_paths import checkpoint_root, resumed
 from verl_tlt.integrations.verl.coordinator import SpotCoordinator
 from verl_tlt.integrations.verl.drafter_pool import DrafterPool
 from verl_tlt.integrations.verl.request_seeds import rollout_seed
+from verl_tlt.integrations.verl.requirements import VLLM_ROLLOUT_NAME
 from verl_tlt.metrics.rollout_trace import rollout_summary
 from verl_tlt.integrations.verl.torch_rollout_config import torch_rollout_config
 from verl_tlt.metrics.long_tail import long_tail_metrics
@@ -56,6 +57,12 @@ class TLTRuntime:
 
     def __init__(self, config: Any, tlt: TLTConfig):
         self.config, self.tlt = config, tlt
+        if config.actor_rollout_ref.rollout.name == VLLM_ROLLOUT_NAME:
+            # Before verl builds its rollout servers (this runs in the trainer's constructor): vLLM replicas with
+            # TLT's server, keeping rollout.name=vllm. Runs with TLT off never get here.
+            from verl_tlt.integrations.vllm.replica import register_tlt_vllm_replica
+
+            register_tlt_vllm_replica()
         self.metrics: dict[str, float] = {}
         self.servers: list[Any] = []
         self.pool: DrafterPool | None = None
@@ -101,9 +108,10 @@ class TLTRuntime:
 
     def setup(self, replicas: list[Any], actor_wg: Any, target_path: str) -> None:
         self.servers = [replica.servers[0] for replica in replicas]
-        # requirements.check_requirements admits only the torch rollout, whose servers load drafters.
+        # requirements.check_requirements admits the torch rollout and verl's vLLM one (with TLT's server): both
+        # servers load drafters.
         assert self.servers and all(hasattr(s, "update_drafter") for s in self.servers), (
-            "TLT runtime: rollout servers without update_drafter (not the torch rollout engine)"
+            "TLT runtime: rollout servers without update_drafter (neither the torch engine nor TLT's vLLM server)"
         )
         installed = actor_wg.tlt_install_capture()
         if not any(installed):

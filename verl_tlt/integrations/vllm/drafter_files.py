@@ -28,3 +28,20 @@ def drafter_root(replica_rank: int) -> Path:
 def read_drafter_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Every tensor of the export at `path`, on CPU."""
     return load_file(str(Path(path) / WEIGHTS_FILE), device="cpu")
+
+
+def export_drafter_state(state: dict[str, torch.Tensor], hf_config, folder: str | os.PathLike, version: int) -> Path:
+    """Write an ``EagleDrafterModel`` state dict (what the drafter trainers publish) as an EAGLE-1 export.
+
+    The state must fit the target described by `hf_config` exactly (strict load), or ValueError says what differs.
+    """
+    from verl_tlt.drafter.export import export_eagle
+    from verl_tlt.drafter.model import EagleDrafterModel
+    from verl_tlt.modeling.model import ModelSpec
+
+    model = EagleDrafterModel(ModelSpec.from_hf_config(hf_config))
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as error:
+        raise ValueError(f"Drafter version {version} does not fit this target's drafter: {error}") from error
+    return export_eagle(model, folder, metadata={"version": version})

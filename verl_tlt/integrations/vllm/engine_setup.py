@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from verl_tlt.config import SpeculativeConfig
-from verl_tlt.integrations.vllm.cpu_unpacked_weights import ENV as UNPACKED_WEIGHTS_ENV
+from verl_tlt.integrations.vllm.cpu_build_fixes import ENV as UNPACKED_WEIGHTS_ENV
 from verl_tlt.integrations.vllm.speculative_config import build_speculative_config
 
 TLT_WORKER_EXTENSION = "verl_tlt.integrations.vllm.worker_extension.TLTWorkerExtension"

@@ -119,4 +119,9 @@ class LocalVllmEngine:
 
     def close(self) -> None:
         self.engine.shutdown()
+        # vLLM's output handler still runs on this loop: cancel it before closing, or it logs errors at exit.
+        pending = asyncio.all_tasks(self._loop)
+        for task in pending:
+            task.cancel()
+        self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         self._loop.close()

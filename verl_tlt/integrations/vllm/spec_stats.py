@@ -11,7 +11,8 @@ one ``SpecStepCounter``; the counter keeps:
   the acceptance length follows as (accepted + verify steps) / verify steps.
 
 A step that verified drafts is speculative; one that generated tokens without verifying any is plain. The batch
-size of a step is the number of running requests vLLM reports with it. Seconds per step are not reported by vLLM
+size of a speculative step is the number of drafts it verified (vLLM's running count, reported after the step,
+can include requests that arrived meanwhile); of a plain step, the running requests vLLM reports with it. Seconds per step are not reported by vLLM
 and stay 0. ``record_step`` is pure (no vLLM import) so tests can drive it.
 """
 
@@ -47,7 +48,7 @@ class SpecStepCounter:
         self.stats = DecodeStats()
         self.totals = dict.fromkeys(SD_COUNTERS, 0)
         self.accepted_per_position: list[int] = []
-        self.running_when_speculating: list[int] = []  # batch sizes of SD steps since the last take (for tests)
+        self.max_sd_rows = 0  # most drafts one speculative step verified since the last take: its batch size
 
     def record_step(
         self,
@@ -71,7 +72,7 @@ class SpecStepCounter:
                     self.accepted_per_position += [0] * (len(accepted_per_position) - len(self.accepted_per_position))
                 for position, count in enumerate(accepted_per_position):
                     self.accepted_per_position[position] += int(count)
-                self.running_when_speculating.append(num_running)
+                self.max_sd_rows = max(self.max_sd_rows, num_drafts)
             elif generated_tokens > 0:
                 self.stats.record(None, max(num_running, 1), generated_tokens, 0.0, self._buckets)
 
@@ -81,11 +82,11 @@ class SpecStepCounter:
             stats = self.stats.as_dict()
             stats["drafter_error"] = None
             stats["accepted_per_position"] = list(self.accepted_per_position)
-            stats["running_when_speculating"] = list(self.running_when_speculating)
+            stats["max_sd_rows"] = self.max_sd_rows
             if reset:
                 self.stats = DecodeStats()
                 self.accepted_per_position = []
-                self.running_when_speculating = []
+                self.max_sd_rows = 0
         return stats
 
     def take_totals(self) -> dict[str, int]:

@@ -52,6 +52,15 @@ class TLTWorkerExtension(vLLMColocateWorkerExtension):
         self._tlt_version = version
         return {"version": version, "loaded": len(tensors), "rank": getattr(self, "rank", 0)}
 
+    def tlt_shared_weights(self) -> dict[str, torch.Tensor]:
+        """This worker's shard of the target's embedding (and LM head unless tied), on CPU, by transformers name."""
+        target = self.model_runner.model
+        shared = {"model.embed_tokens.weight": target.model.embed_tokens.weight}
+        lm_head = getattr(target, "lm_head", None)
+        if lm_head is not None and lm_head is not target.model.embed_tokens:
+            shared["lm_head.weight"] = lm_head.weight
+        return {name: weight.detach().to("cpu", copy=True) for name, weight in shared.items()}
+
     def tlt_drafter_version(self) -> int | None:
         return getattr(self, "_tlt_version", None)
 

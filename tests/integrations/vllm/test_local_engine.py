@@ -1,0 +1,169 @@
+"""TLT's vLLM engine set-up on real vLLM (the CPU build): lossless, gated by the threshold, drafters loaded in place.
+
+One engine with TLT's speculative config (the warmed-up toy drafter, K=4 chains below a threshold of 4 running
+requests) and one plain engine, both on the cached toy target, shared by the tests of this module. Every test runs
+under a hard timeout: a crashed vLLM engine core tends to leave its caller waiting forever.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from verl_tlt.config import SpeculativeConfig  # noqa: E402
+from verl_tlt.integrations.verl.tlt_runtime import rollout_metrics  # noqa: E402
+from verl_tlt.toy.drafter import ensure_toy_drafter, toy_prompts  # noqa: E402
+from verl_tlt.toy.sft import ensure_toy_target  # noqa: E402
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
+
+THRESHOLD = 4
+K = 4
+MAX_TOKENS = 160
+
+
+def acceptance(stats: dict) -> float:
+    rows = sum(stats["sd_rows_by_strategy"].values())
+    return sum(stats["sd_tokens_by_strategy"].values()) / rows if rows else float("nan")
+
+
+@pytest.fixture(scope="module")
+def target():
+    return str(ensure_toy_target())
+
+
+@pytest.fixture(scope="module")
+def warm_drafter():
+    return str(ensure_toy_drafter())
+
+
+@pytest.fixture(scope="module")
+def random_drafter(target, tmp_path_factory):
+    import torch
+    from transformers import AutoConfig
+
+    from verl_tlt.drafter.export import export_eagle
+    from verl_tlt.drafter.model import EagleDrafterModel
+    from verl_tlt.modeling.model import ModelSpec
+
+    torch.manual_seed(0)
+    model = EagleDrafterModel(ModelSpec.from_hf_config(AutoConfig.from_pretrained(target)))
+    return str(export_eagle(model, tmp_path_factory.mktemp("random-drafter") / "drafter"))
+
+
+@pytest.fixture(scope="module")
+def prompts(target):
+    return toy_prompts(target, 16, seed=4242)
+
+
+@pytest.fixture(scope="module")
+def engines(target, warm_drafter, monkeypatch_module):
+    from verl_tlt.integrations.vllm.local_engine import LocalVllmEngine
+
+    # Lets a test send a function to the workers (to damage the drafter behind the extension's back).
+    monkeypatch_module.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    speculative = SpeculativeConfig(threshold=THRESHOLD, strategies=(f"{K}_1_{K}",))
+    sd = LocalVllmEngine(target, drafter_dir=warm_drafter, speculative=speculative, max_num_seqs=32)
+    plain = LocalVllmEngine(target, max_num_seqs=32)
+    yield sd, plain
+    sd.close()
+    plain.close()
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+def test_greedy_output_with_sd_equals_output_without(engines, prompts):
+    sd, plain = engines
+    sd.take_stats()
+    with_sd = sd.generate(prompts, MAX_TOKENS)
+    stats = sd.take_stats()
+    without = plain.generate(prompts, MAX_TOKENS)
+    assert stats["steps_sd"] > 0 and stats["steps_plain"] > 0  # both paths ran
+    assert with_sd.token_ids == without.token_ids
+
+
+def test_sd_runs_only_below_the_threshold(engines, prompts):
+    sd, _ = engines
+    sd.take_stats()
+    sd.generate(prompts, MAX_TOKENS)
+    stats = sd.take_stats()
+    assert 0 < stats["max_sd_rows"] <= THRESHOLD
+    assert "above_threshold" in stats["strategy_histogram"]
+    assert set(stats["strategy_histogram"]["above_threshold"]) == {"plain"}
+
+
+def test_warmed_up_drafter_accepts_at_least_three_tokens_per_step(engines, prompts):
+    sd, _ = engines
+    sd.take_stats()
+    sd.generate(prompts[:1], MAX_TOKENS)
+    assert acceptance(sd.take_stats()) >= 3.0
+
+
+def test_acceptance_follows_an_in_place_drafter_load_within_the_next_request(engines, prompts, warm_drafter, random_drafter):
+    sd, _ = engines
+    try:
+        results = sd.load_drafter(random_drafter, 1)
+        assert [r["version"] for r in results] == [1]
+        sd.take_stats()
+        sd.generate(prompts[:1], MAX_TOKENS)
+        with_random = acceptance(sd.take_stats())
+        assert with_random < 1.3  # about 1: a random drafter almost never guesses the target's token
+    finally:
+        sd.load_drafter(warm_drafter, 2)
+    sd.generate(prompts[:1], MAX_TOKENS)
+    assert acceptance(sd.take_stats()) >= 3.0
+
+
+def test_the_drafter_comes_back_after_a_wake_up_with_weights(engines, prompts):
+    sd, _ = engines
+    sd.load_drafter(ensure_toy_drafter(), 3)  # what a level-2 sleep would have to restore
+
+    def damage(worker):
+        model = worker._tlt_draft_model()
+        for name, param in model.named_parameters():
+            if ".fc." in f".{name}":
+                param.data.zero_()
+
+    sd._loop.run_until_complete(sd.engine.collective_rpc(damage))
+    sd.take_stats()
+    sd.generate(prompts[:1], MAX_TOKENS)
+    assert acceptance(sd.take_stats()) < 3.0
+    sd._loop.run_until_complete(sd.engine.collective_rpc("wake_up", args=(["weights"],)))
+    sd.generate(prompts[:1], MAX_TOKENS)
+    assert acceptance(sd.take_stats()) >= 3.0
+
+
+def test_a_drafter_that_does_not_fit_is_refused_and_the_previous_one_keeps_running(engines, prompts, tmp_path):
+    from safetensors.torch import save_file
+
+    sd, _ = engines
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    save_file({"fc.weight": __import__("torch").zeros(3, 3)}, str(bad / "model.safetensors"))
+    with pytest.raises(Exception):
+        sd.load_drafter(str(bad), 9)
+    sd.take_stats()
+    sd.generate(prompts[:1], MAX_TOKENS)
+    assert acceptance(sd.take_stats()) >= 3.0
+
+
+def test_tlt_sd_metrics_are_present_and_finite(engines, prompts):
+    sd, _ = engines
+    sd.take_stats()
+    sd.generate(prompts, MAX_TOKENS)
+    stats = sd.take_stats()
+    totals = sd.counter.take_totals()
+    record = {"start": 0.0, "closed": 1.0, "finish_times": [1.0], "response_tokens": [1], "sd": totals}
+    metrics = rollout_metrics([record], [stats])
+    for key in ("tlt/sd/acceptance_length", "tlt/sd/step_share", "tlt/sd/token_share", f"tlt/sd/strategy/{K}_1_{K}"):
+        assert key in metrics and math.isfinite(metrics[key]), key
+    assert 0 < metrics["tlt/sd/step_share"] < 1
+    # Over a whole batch, rows that end a response inside a draft commit fewer tokens than the single-request test.
+    assert metrics["tlt/sd/acceptance_length"] > 2.0

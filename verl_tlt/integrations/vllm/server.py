@@ -1,0 +1,188 @@
+"""TLT's vLLM server: verl's ``vLLMHttpServer`` plus the control API the TLT trainer uses on every rollout server.
+
+Selected only when TLT is on (``replica.TLTvLLMReplica`` swaps it in); every stock code path (weight sync,
+sleep/wake, abort, the HTTP app) is verl's. What it adds:
+
+- Engine arguments: the drafter named by ``tlt.drafter.init`` (never random) as vLLM's EAGLE-1
+  ``speculative_config`` with the K schedule gated by ``tlt.speculative.threshold``, TLT's worker extension, and
+  stat logging on (``_preprocess_engine_kwargs``).
+- A stat logger in the engine's front end (``run_server`` adds it to ``AsyncLLM.from_vllm_config`` for that
+  one call), so the server reads vLLM's per-step spec-decode stats (``sd_stats``).
+- Per-rollout bookkeeping around ``generate``: arrivals, finishes, response lengths, in-flight count
+  (``wait_for_drain``, ``pop_last_rollout``), closed when verl sleeps the replica.
+- ``update_drafter(state, version)``: the drafter's weights become an export in a node-local directory and every
+  worker loads them in place (``TLTWorkerExtension.tlt_load_drafter``); a failed load leaves the previous
+  drafter running and raises, which the trainer logs.
+- ``target_shared_weights()``: the target's current embedding and LM head, for the drafter trainers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from verl.workers.rollout.vllm_rollout import vllm_async_server
+from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer
+
+from verl_tlt.config import TLTConfig
+from verl_tlt.integrations.vllm.compat import check_vllm_supports_tlt
+from verl_tlt.integrations.vllm.drafter_files import drafter_root
+from verl_tlt.integrations.vllm.engine_setup import TLT_WORKER_EXTENSION, cpu_engine_env, speculative_engine_args
+from verl_tlt.integrations.vllm.spec_stats import SpecStepCounter, stat_logger_factory
+from verl_tlt.metrics.rollout_trace import RolloutTrace
+
+logger = logging.getLogger(__name__)
+logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
+
+TLT_KEY = "actor_rollout_ref.rollout.custom.tlt"
+INITIAL_VERSION = -1  # the drafter the engine started with (tlt.drafter.init), before any push
+
+
+class TLTvLLMHttpServer(vLLMHttpServer):
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        custom = self.config.custom or {}
+        self.tlt = TLTConfig.from_dict(custom.get("tlt"), prefix=TLT_KEY)
+        self.counter = SpecStepCounter(self.tlt.speculative.threshold, self.tlt.speculative.buckets)
+        self.trace = RolloutTrace(self.replica_rank)
+        self.last_rollout: dict[str, Any] | None = None
+        self._in_flight = 0
+        self._drafter_version: int | None = None
+        self._drafter_dir: Path | None = None
+        self._root = drafter_root(self.replica_rank)
+
+    # ----- engine start-up ---------------------------------------------------------------------------------------
+
+    def _get_worker_extension_cls(self) -> str:
+        return TLT_WORKER_EXTENSION
+
+    def _preprocess_engine_kwargs(self, engine_kwargs: dict) -> None:
+        super()._preprocess_engine_kwargs(engine_kwargs)
+        check_vllm_supports_tlt()
+        for key in ("speculative_config", "worker_extension_cls"):
+            if engine_kwargs.get(key) is not None:
+                raise ValueError(
+                    f"actor_rollout_ref.rollout.engine_kwargs.vllm.{key} is set ({engine_kwargs[key]!r}), but with "
+                    f"tlt.enabled=true TLT sets it (its drafter, K schedule and worker extension). Fix: remove that "
+                    "override, or run with tlt.enabled=false."
+                )
+        from verl_tlt.drafter.initial import initial_drafter_export
+
+        self._drafter_dir = initial_drafter_export(
+            self.tlt.drafter.init, self.model_config.local_path, self._root / "initial"
+        )
+        self._drafter_version = INITIAL_VERSION
+        engine_kwargs.update(speculative_engine_args(self.tlt.speculative, str(self._drafter_dir), self.config.max_num_seqs))
+        engine_kwargs["disable_log_stats"] = False  # the spec-decode stats reach stat loggers only with it
+        if _is_cpu_build():
+            cpu_engine_env()
+        logger.info(
+            "TLT vLLM server %d: drafter %s, speculative_config %s",
+            self.replica_rank,
+            self._drafter_dir,
+            engine_kwargs["speculative_config"],
+        )
+
+    async def run_server(self, args: Any) -> None:
+        stock = vllm_async_server.AsyncLLM
+        factory = stat_logger_factory(self.counter)
+
+        class AsyncLLMWithTLTStats(stock):
+            @classmethod
+            def from_vllm_config(cls, *f_args: Any, **f_kwargs: Any):
+                f_kwargs["stat_loggers"] = [*(f_kwargs.get("stat_loggers") or []), factory]
+                return stock.from_vllm_config(*f_args, **f_kwargs)
+
+        vllm_async_server.AsyncLLM = AsyncLLMWithTLTStats  # this actor's process only, for this one call
+        try:
+            await super().run_server(args)
+        finally:
+            vllm_async_server.AsyncLLM = stock
+        # Keep a copy of the start-up drafter in every worker, so a level-2 sleep cannot lose it.
+        await self.engine.collective_rpc("tlt_remember_drafter", args=(str(self._drafter_dir), INITIAL_VERSION))
+
+    # ----- requests ----------------------------------------------------------------------------------------------
+
+    async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any], request_id: str, *args: Any, **kwargs: Any):
+        self.trace.on_submit()
+        self._in_flight += 1
+        try:
+            output = await super().generate(prompt_ids, sampling_params, request_id, *args, **kwargs)
+        finally:
+            self._in_flight -= 1
+        self.trace.on_finish(len(output.token_ids), {})
+        return output
+
+    async def wait_for_drain(self, poll_s: float = 0.01) -> float | None:
+        """When this replica has served requests in the current rollout and has none left: the wall-clock time it
+        drained; None when the rollout ended (sleep) first. The TLT coordinator keeps one call per replica open."""
+        rollout = self.trace.num_closed
+        while self.trace.num_closed == rollout:
+            if self.trace.start is not None and self._in_flight == 0:
+                return time.time()
+            await asyncio.sleep(poll_s)
+        return None
+
+    async def sleep(self) -> None:
+        # The rollout phase is over when verl sleeps the replicas: close this replica's record of it first.
+        self._close_rollout(validation=False)
+        await super().sleep()
+
+    def _close_rollout(self, validation: bool) -> None:
+        self.trace.sd_totals = self.counter.take_totals()
+        record = self.trace.close({"drafter_version": self._drafter_version}, validation=validation)
+        if record is not None and not validation:
+            self.last_rollout = record
+
+    def end_validation(self) -> None:
+        """verl validates without sleeping the replicas: keep validation out of the next rollout's record and stats."""
+        self._close_rollout(validation=True)
+        self.counter.take_stats(reset=True)
+
+    def pop_last_rollout(self) -> dict[str, Any] | None:
+        record, self.last_rollout = self.last_rollout, None
+        return record
+
+    def sd_stats(self, reset: bool = True) -> dict[str, Any]:
+        return self.counter.take_stats(reset)
+
+    # ----- drafter -------------------------------------------------------------------------------------------------
+
+    def drafter_version(self) -> int | None:
+        return self._drafter_version
+
+    async def update_drafter(self, state: dict[str, torch.Tensor], version: int) -> bool:
+        """Load drafter weights `version` (an ``EagleDrafterModel`` state dict) into every worker; False if loaded."""
+        if version == self._drafter_version:
+            return False
+        from verl_tlt.integrations.vllm.drafter_files import export_drafter_state
+
+        folder = self._root / f"v{version}"
+        export_drafter_state(state, self.model_config.hf_config, folder, version)
+        results = await self.engine.collective_rpc("tlt_load_drafter", args=(str(folder), version))
+        loaded = [r for r in results or [] if r and r.get("version") == version]
+        if not loaded:
+            raise RuntimeError(f"TLT: no vLLM worker of replica {self.replica_rank} reported drafter version {version}")
+        previous, self._drafter_dir, self._drafter_version = self._drafter_dir, folder, version
+        if previous is not None and previous.parent == self._root and previous.name != "initial":
+            shutil.rmtree(previous, ignore_errors=True)
+        logger.info("TLT vLLM server %d: drafter version %d loaded (%d workers)", self.replica_rank, version, len(loaded))
+        return True
+
+    async def target_shared_weights(self) -> dict[str, torch.Tensor]:
+        """The target's embedding (and LM head unless tied) under transformers names, whole (TP shards joined)."""
+        results = await self.engine.collective_rpc("tlt_shared_weights")
+        vocab = self.model_config.hf_config.vocab_size
+        return {name: torch.cat([r[name] for r in results], dim=0)[:vocab].clone() for name in results[0]}
+
+
+def _is_cpu_build() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
