@@ -1,11 +1,25 @@
 #!/usr/bin/env bash
-# The test suite on a fresh machine: sets up .venv (scripts/setup_env.sh), then runs every CPU test,
-# including the verl GRPO end-to-end smoke (under a hard timeout). Extra arguments go to pytest.
-set -euo pipefail
+# The test suite on a fresh machine: sets up .venv (scripts/setup_env.sh) and .venv-vllm (scripts/setup_vllm_env.sh),
+# then runs every CPU test in .venv, including the verl GRPO end-to-end smoke, and the vLLM tier (tests marked
+# `vllm`: TLT on vLLM's CPU build) in .venv-vllm, each under a hard timeout. Extra arguments go to both pytest runs.
+# VERL_TLT_SKIP_VLLM=1 skips the vLLM tier (and its environment).
+set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$ROOT/scripts/setup_env.sh"
+source "$ROOT/scripts/setup_env.sh" || exit 1
 cd "$ROOT"
 export HF_HUB_OFFLINE=1 WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false
-# A hung Ray worker must not hang CI: the whole run is bounded too (each verl job also has its own timeout). About
-# 20 minutes on a quiet 2-core machine; the bound leaves room for a machine at about half that speed.
-exec timeout --kill-after=30 "${VERL_TLT_TEST_TIMEOUT:-2700}" "$VERL_TLT_PYTHON" -m pytest -m "not gpu and not vllm" "$@"
+# A hung Ray worker or vLLM engine must not hang CI: each run is bounded too (each verl job and vLLM test also has its
+# own timeout). About 20 minutes for the main run on a quiet 2-core machine; the bounds leave room for a machine at
+# about half that speed.
+timeout --kill-after=30 "${VERL_TLT_TEST_TIMEOUT:-2700}" "$VERL_TLT_PYTHON" -m pytest -m "not gpu and not vllm" "$@"
+main=$?
+if [ "${VERL_TLT_SKIP_VLLM:-0}" = "1" ]; then
+  echo "[test] vLLM tier skipped (VERL_TLT_SKIP_VLLM=1)"
+  exit "$main"
+fi
+source "$ROOT/scripts/setup_vllm_env.sh" || exit 1
+timeout --kill-after=30 "${VERL_TLT_VLLM_TEST_TIMEOUT:-1800}" "$VERL_TLT_VLLM_PYTHON" -m pytest -m "vllm" "$@"
+tier=$?
+[ "$tier" -eq 5 ] && tier=0  # pytest's "no tests collected": the arguments named main-tier tests only
+echo "[test] main tier rc=$main, vLLM tier rc=$tier"
+[ "$main" -eq 0 ] && [ "$tier" -eq 0 ]

@@ -35,7 +35,8 @@ def pytest_collection_modifyitems(config, items):
     skip_vllm = pytest.mark.skip(reason="needs vLLM installed")
     has_vllm = importlib.util.find_spec("vllm") is not None
     for item in items:
-        if "gpu" in item.keywords and not torch.cuda.is_available():
+        # Markers, not keywords: a test under tests/integrations/vllm has "vllm" among its keywords (its path).
+        if item.get_closest_marker("gpu") and not torch.cuda.is_available():
             item.add_marker(skip_gpu)
-        if "vllm" in item.keywords and not has_vllm:
+        if item.get_closest_marker("vllm") and not has_vllm:
             item.add_marker(skip_vllm)

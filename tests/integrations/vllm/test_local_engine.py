@@ -25,6 +25,17 @@ K = 4
 MAX_TOKENS = 160
 
 
+def chi_square_p_value(rows: list[list[int]]) -> float:
+    """Pearson's chi-square test of independence for a 2 x n table (no scipy in vLLM's environment)."""
+    import torch
+
+    table = torch.tensor(rows, dtype=torch.float64)
+    expected = table.sum(1, keepdim=True) * table.sum(0, keepdim=True) / table.sum()
+    statistic = ((table - expected) ** 2 / expected).sum()
+    dof = (table.shape[0] - 1) * (table.shape[1] - 1)
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), statistic / 2))
+
+
 def acceptance(stats: dict) -> float:
     rows = sum(stats["sd_rows_by_strategy"].values())
     return sum(stats["sd_tokens_by_strategy"].values()) / rows if rows else float("nan")
@@ -167,3 +178,37 @@ def test_tlt_sd_metrics_are_present_and_finite(engines, prompts):
     assert 0 < metrics["tlt/sd/step_share"] < 1
     # Over a whole batch, rows that end a response inside a draft commit fewer tokens than the single-request test.
     assert metrics["tlt/sd/acceptance_length"] > 2.0
+
+
+def test_sampled_sd_has_the_distribution_of_plain_sampling(engines, prompts):
+    """Two-sample chi-square per position over 600 sampled continuations of one prompt, SD vs plain.
+
+    Batches of `THRESHOLD` requests, so every decode step of the SD engine speculates. Rare tokens are pooled so
+    every cell expects >= 5; positions are Bonferroni-corrected.
+    """
+    from collections import Counter
+
+    sd, plain = engines
+    prompt, samples, length = prompts[0], 600, 6
+    chunks = range(0, samples, THRESHOLD)
+    sd.take_stats()
+    with_sd = [t for i in chunks for t in sd.generate([prompt] * THRESHOLD, length, temperature=1.0, seed=10_000 + i).token_ids]
+    stats = sd.take_stats()
+    without = [t for i in chunks for t in plain.generate([prompt] * THRESHOLD, length, temperature=1.0, seed=90_000 + i).token_ids]
+    assert stats["steps_sd"] > 0 and stats["steps_plain"] <= len(chunks)  # plain only at prefill-only steps
+    p_values = []
+    for position in range(1, length):
+        a = Counter(seq[position] for seq in with_sd if len(seq) > position)
+        b = Counter(seq[position] for seq in without if len(seq) > position)
+        tokens = sorted(set(a) | set(b), key=lambda t: -(a[t] + b[t]))
+        common = [t for t in tokens if a[t] + b[t] >= 10]
+        rows = [[a[t] for t in common], [b[t] for t in common]]
+        rest = [sum(a.values()) - sum(rows[0]), sum(b.values()) - sum(rows[1])]
+        if sum(rest) >= 10:
+            rows[0].append(rest[0])
+            rows[1].append(rest[1])
+        if len(rows[0]) < 2:
+            continue  # one token only: nothing to compare
+        p_values.append(chi_square_p_value(rows))
+    assert p_values, "the toy target was deterministic at every position: no distribution to compare"
+    assert min(p_values) > 0.001 / len(p_values), p_values

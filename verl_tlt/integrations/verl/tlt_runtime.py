@@ -405,6 +405,10 @@ def rollout_metrics(
             metrics["tlt/sd/acceptance_length"] = summary["acceptance_length"]
         if training_stopped_at is not None:
             metrics["tlt/spot/overrun_s"] = max(0.0, training_stopped_at - summary["last_finish"])
+        versions = [r["drafter_version"] for r in records if r.get("drafter_version") is not None]
+        if versions:  # equal min and max: every replica sampled this rollout with the same drafter
+            metrics["tlt/drafter/rollout_version_min"] = float(min(versions))
+            metrics["tlt/drafter/rollout_version_max"] = float(max(versions))
     steps_sd = sum(s.get("steps_sd", 0) for s in stats)
     steps_all = steps_sd + sum(s.get("steps_plain", 0) for s in stats)
     tokens_sd = sum(s.get("tokens_sd", 0) for s in stats)

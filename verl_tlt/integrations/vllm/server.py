@@ -137,6 +137,8 @@ class TLTvLLMHttpServer(vLLMHttpServer):
     def _close_rollout(self, validation: bool) -> None:
         self.trace.sd_totals = self.counter.take_totals()
         record = self.trace.close({"drafter_version": self._drafter_version}, validation=validation)
+        if record is not None:
+            record.pop("engine_busy_s", None)  # vLLM does not report its step times: no number rather than a 0
         if record is not None and not validation:
             self.last_rollout = record
 
@@ -177,9 +179,14 @@ class TLTvLLMHttpServer(vLLMHttpServer):
 
     async def target_shared_weights(self) -> dict[str, torch.Tensor]:
         """The target's embedding (and LM head unless tied) under transformers names, whole (TP shards joined)."""
-        results = await self.engine.collective_rpc("tlt_shared_weights")
+        from safetensors.torch import load_file
+
+        folder = self._root / "shared"
+        folder.mkdir(exist_ok=True)
+        paths = await self.engine.collective_rpc("tlt_save_shared_weights", args=(str(folder),))
+        shards = [load_file(path) for path in paths]  # in rank order: vocabulary shards of tensor parallelism
         vocab = self.model_config.hf_config.vocab_size
-        return {name: torch.cat([r[name] for r in results], dim=0)[:vocab].clone() for name in results[0]}
+        return {name: torch.cat([shard[name] for shard in shards], dim=0)[:vocab].clone() for name in shards[0]}
 
 
 def _is_cpu_build() -> bool:

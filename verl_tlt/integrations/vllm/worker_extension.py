@@ -52,14 +52,19 @@ class TLTWorkerExtension(vLLMColocateWorkerExtension):
         self._tlt_version = version
         return {"version": version, "loaded": len(tensors), "rank": getattr(self, "rank", 0)}
 
-    def tlt_shared_weights(self) -> dict[str, torch.Tensor]:
-        """This worker's shard of the target's embedding (and LM head unless tied), on CPU, by transformers name."""
+    def tlt_save_shared_weights(self, folder: str) -> str:
+        """Write this worker's shard of the target's embedding (and LM head unless tied), by transformers name, to a
+        safetensors file in `folder`; returns its path (tensors do not travel through collective_rpc intact)."""
+        from safetensors.torch import save_file
+
         target = self.model_runner.model
         shared = {"model.embed_tokens.weight": target.model.embed_tokens.weight}
         lm_head = getattr(target, "lm_head", None)
         if lm_head is not None and lm_head is not target.model.embed_tokens:
             shared["lm_head.weight"] = lm_head.weight
-        return {name: weight.detach().to("cpu", copy=True) for name, weight in shared.items()}
+        path = f"{folder}/shared-rank{getattr(self, 'rank', 0)}.safetensors"
+        save_file({name: w.detach().to("cpu", copy=True).contiguous() for name, w in shared.items()}, path)
+        return path
 
     def tlt_drafter_version(self) -> int | None:
         return getattr(self, "_tlt_version", None)

@@ -1,0 +1,49 @@
+"""The speculative_config TLT gives vLLM: chains only, K gated by the threshold (pure, no vLLM needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from verl_tlt.config import SpeculativeConfig
+from verl_tlt.integrations.vllm.speculative_config import (
+    DEFAULT_VLLM_STRATEGIES,
+    build_speculative_config,
+    chain_depths,
+    static_schedule,
+)
+
+
+def test_the_default_strategies_become_chains_of_the_same_depths():
+    assert chain_depths(SpeculativeConfig()) == (8, 6, 4, 2)
+    assert DEFAULT_VLLM_STRATEGIES == ("8_1_8", "6_1_6", "4_1_4", "2_1_2")
+
+
+def test_explicit_chains_are_kept_deepest_first():
+    assert chain_depths(SpeculativeConfig(strategies=("2_1_2", "5_1_5"))) == (5, 2)
+
+
+def test_explicit_trees_are_refused_with_the_chains_that_fix_it():
+    with pytest.raises(ValueError) as excinfo:
+        chain_depths(SpeculativeConfig(strategies=("6_4_8", "3_1_3")))
+    message = str(excinfo.value)
+    assert "['6_4_8']" in message and """tlt.speculative.strategies='["6_1_6","3_1_3"]'""" in message
+    assert "actor_rollout_ref.rollout.name=torch" in message
+
+
+def test_the_schedule_speculates_up_to_the_threshold_inclusive_and_decodes_plainly_above():
+    speculative = SpeculativeConfig(threshold=32)
+    assert static_schedule(speculative, max_num_seqs=256, k=8) == [[1, 32, 8], [33, 256, 0]]
+    assert static_schedule(speculative, max_num_seqs=16, k=8) == [[1, 16, 8]]  # never above the threshold
+
+
+def test_the_engine_argument_names_the_drafter_and_the_deepest_k():
+    config = build_speculative_config(SpeculativeConfig(threshold=4), "/d", max_num_seqs=64)
+    assert config == {
+        "method": "eagle",
+        "model": "/d",
+        "num_speculative_tokens": 8,
+        "num_speculative_tokens_per_batch_size": [[1, 4, 8], [5, 64, 0]],
+    }
+    assert "num_speculative_tokens_per_batch_size" not in build_speculative_config(
+        SpeculativeConfig(), "/d", 64, dynamic=False
+    )

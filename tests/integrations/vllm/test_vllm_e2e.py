@@ -1,0 +1,97 @@
+"""TLT through a real verl run on verl's vLLM rollout (vLLM's CPU build): lossless, trained, robust.
+
+Every job is a real `python -m verl_tlt.main_ppo +cpu=vllm` run (two vLLM replicas, the SFT toy target, greedy
+REINFORCE++, three steps) under a hard timeout, in the vLLM environment (.venv-vllm). The drafter starts from the
+target (tlt.drafter.init=target), as in the torch engine's e2e tests.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from verl_tlt.integrations.verl.same_samples import SAME_SAMPLES_OVERRIDES  # noqa: E402
+from verl_tlt.quickstart.recipe import toy_grpo_overrides  # noqa: E402
+from verl_tlt.quickstart.verl_job import read_rollouts, run_verl_job  # noqa: E402
+from verl_tlt.toy.build import build_toy_world  # noqa: E402
+from verl_tlt.toy.sft import ensure_toy_target  # noqa: E402
+
+pytestmark = [pytest.mark.vllm, pytest.mark.e2e, pytest.mark.timeout(900)]
+
+JOB_TIMEOUT_S = 480
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    return build_toy_world(tmp_path_factory.mktemp("toy-world"), num_train=128, num_val=8)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return ensure_toy_target()
+
+
+def run(world, target, out_dir, *, tlt: bool, env=None):
+    overrides = toy_grpo_overrides(
+        world, steps=STEPS, batch_size=16, group_size=1, max_response_length=128, lr=1e-3, model_dir=target,
+        replicas=2, rollout="vllm",
+    )
+    # REINFORCE++ learns from single greedy samples, so the policy moves while the rollouts stay deterministic.
+    overrides += ["algorithm.adv_estimator=reinforce_plus_plus", "actor_rollout_ref.rollout.top_k=1"]
+    overrides += list(SAME_SAMPLES_OVERRIDES)
+    if tlt:
+        overrides += ["tlt.enabled=true", "tlt.drafter.init=target"]
+    return run_verl_job(overrides, out_dir, timeout_s=JOB_TIMEOUT_S, entry_module="verl_tlt.main_ppo", env=env)
+
+
+def responses_by_step(result) -> dict[int, list[tuple[str, str]]]:
+    return {
+        m["step"]: sorted((r["input"], r["output"]) for r in read_rollouts(result.rollout_dump_dir, m["step"]))
+        for m in result.metrics
+    }
+
+
+def tlt_metrics(metrics: dict) -> dict[str, float]:
+    return {k: v for k, v in metrics.items() if k.startswith("tlt/")}
+
+
+def test_greedy_rollouts_on_vllm_are_identical_with_tlt_on_and_off(world, target, tmp_path):
+    off, on = (run(world, target, tmp_path / name, tlt=tlt) for name, tlt in (("off", False), ("on", True)))
+    assert [m["step"] for m in on.metrics] == list(range(1, STEPS + 1))
+    off_responses, on_responses = responses_by_step(off), responses_by_step(on)
+    for step in range(1, STEPS + 1):
+        assert len(on_responses[step]) == 16
+        assert on_responses[step] == off_responses[step], f"step {step}: TLT changed a greedy rollout"
+    assert all(m["actor/grad_norm"] > 0 for m in on.metrics)  # the policy moved between the steps
+    assert not any(k.startswith("tlt/") for m in off.metrics for k in m), "TLT off must log nothing of TLT"
+
+    for m in on.metrics:
+        tlt = tlt_metrics(m)
+        assert all(math.isfinite(v) for v in tlt.values()), tlt
+        for key in ("tlt/sd/acceptance_length", "tlt/sd/step_share", "tlt/sd/token_share", "tlt/tail/time_to_90pct_s",
+                    "tlt/rollout/time_s", "tlt/spot/idle_replica_s", "tlt/capture/samples", "tlt/drafter/version"):
+            assert key in tlt, f"step {m['step']}: missing {key}"
+        assert "tlt/rollout/engine_busy_s" not in tlt  # vLLM does not report it: no made-up zero
+        assert tlt["tlt/sd/step_share"] > 0 and tlt["tlt/sd/acceptance_length"] >= 1.0
+        # Every replica sampled the step's rollout with the same drafter.
+        assert tlt["tlt/drafter/rollout_version_min"] == tlt["tlt/drafter/rollout_version_max"]
+    # The drafter learned on drained replicas, and each step's rollout ran the version pushed after the step before.
+    assert any(tlt_metrics(m)["tlt/spot/trained_replica_s"] > 0 for m in on.metrics)
+    assert tlt_metrics(on.metrics[-1])["tlt/drafter/total_steps"] >= 1
+    for before, after in zip(on.metrics, on.metrics[1:]):
+        assert tlt_metrics(after)["tlt/drafter/rollout_version_min"] == tlt_metrics(before)["tlt/drafter/version"]
+    assert tlt_metrics(on.metrics[-1])["tlt/drafter/version"] >= 1
+
+
+def test_a_crashing_drafter_worker_does_not_stop_a_vllm_run(world, target, tmp_path):
+    result = run(world, target, tmp_path, tlt=True, env={"VERL_TLT_DRAFTER_FAULT": "exit_on_start=1"})
+    assert [m["step"] for m in result.metrics] == list(range(1, STEPS + 1))
+    log = result.log_path.read_text(errors="replace")
+    assert "TLT drafter worker" in log and "The RL run continues" in log
+    last = tlt_metrics(result.metrics[-1])
+    assert last["tlt/drafter/worker_failures"] >= 1
+    assert all(tlt_metrics(m)["tlt/sd/step_share"] > 0 for m in result.metrics)
