@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from tests.engine.conftest import build_tiny_model
 from tests.engine.drafters import HFModelDrafter
 from verl_tlt.bench.sd_bench import acceptance_length, bench_batch, measure_acceptance
@@ -34,3 +36,19 @@ def test_bench_batch_advances_progress_after_each_round(tmp_path):
     bench_batch(engine, rounds, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), "2_1_2", progress)
     assert [line.split(", ")[0] for line in lines] == ["probe: 1/3 steps", "probe: 2/3 steps", "probe: 3/3 steps"]
     assert lines[-1].endswith("2_1_2 bs=1")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--backend", "vllm", "--strategies", "4_1_4", "--compile"], "--strategies, --compile: only for --backend torch"),
+        (["--ks", "4"], "--ks: only for --backend vllm, not torch; drop it"),
+    ],
+)
+def test_options_of_the_other_backend_are_refused_not_ignored(argv, message, capsys):
+    from verl_tlt.cli import main
+
+    with pytest.raises(SystemExit) as excinfo:
+        main(["bench", "sd", *argv])
+    assert excinfo.value.code == 2
+    assert message in capsys.readouterr().err

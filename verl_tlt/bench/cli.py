@@ -119,6 +119,29 @@ def _add_sd(bench: argparse._SubParsersAction) -> None:
         bench, "sd", _run_sd, "speculative vs plain decoding on the trained toy target (acceptance, speedup)"
     )
     sd.add_argument("--json", help="write results to this path")
+    sd.add_argument(
+        "--backend",
+        choices=["torch", "vllm"],
+        default="torch",
+        help="the rollout engine: verl-tlt's torch engine, or vLLM set up as TLT sets it up in verl (needs vLLM: "
+        "scripts/setup_vllm_env.sh, then .venv-vllm/bin/verl-tlt)",
+    )
+    sd.add_argument(
+        "--ks", nargs="+", type=int, default=[2, 4, 6, 8], help="vLLM only: chain depths K, one SD engine each"
+    )
+    sd.add_argument(
+        "--threshold",
+        type=int,
+        default=8,
+        help="vLLM only: the gated engine speculates up to this many running requests; measured at the batch sizes "
+        "above it",
+    )
+    sd.add_argument(
+        "--long-tail-prompts",
+        type=int,
+        default=64,
+        help="vLLM only: prompts of the long-tail rollout on which the adaptive K policy meets the best fixed K",
+    )
     sd.add_argument("--device", default="cpu", help="torch device of target and drafter (e.g. cuda)")
     sd.add_argument(
         "--strategies",
@@ -151,7 +174,47 @@ def _add_sd(bench: argparse._SubParsersAction) -> None:
     )
 
 
+# Options of `bench sd` that only the torch engine reads: with --backend vllm, setting one is an error, not ignored.
+TORCH_ONLY_SD_OPTIONS = ("device", "strategies", "temperature", "acceptance_prompts", "compile", "cuda_graphs",
+                         "sampling", "toy_shape")
+VLLM_ONLY_SD_OPTIONS = ("ks", "threshold", "long_tail_prompts")
+
+
 def _run_sd(args: argparse.Namespace) -> int:
+    if min(args.batch_sizes + [args.max_tokens, args.rounds]) < 1:
+        usage_error(args, "--batch-sizes, --max-tokens and --rounds must be >= 1")
+    unused = TORCH_ONLY_SD_OPTIONS if args.backend == "vllm" else VLLM_ONLY_SD_OPTIONS
+    changed = [name for name in unused if getattr(args, name) != args.command_parser.get_default(name)]
+    if changed:
+        flags = ", ".join("--" + name.replace("_", "-") for name in changed)
+        other = "torch" if args.backend == "vllm" else "vllm"
+        usage_error(args, f"{flags}: only for --backend {other}, not {args.backend}; drop {'them' if len(changed) > 1 else 'it'}")
+    if args.backend == "vllm":
+        return _run_sd_vllm(args)
+    return _run_sd_torch(args)
+
+
+def _run_sd_vllm(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        usage_error(
+            args,
+            "--backend vllm needs vLLM in this environment: run scripts/setup_vllm_env.sh and use "
+            ".venv-vllm/bin/verl-tlt (on a GPU machine: pip install the vLLM your verl pins)",
+        )
+    if min(args.ks + [args.threshold, args.long_tail_prompts]) < 1:
+        usage_error(args, "--ks, --threshold and --long-tail-prompts must be >= 1")
+    from verl_tlt.bench.vllm_sd_bench import run as run_vllm_sd
+
+    run_vllm_sd(
+        args.json, args.ks, args.batch_sizes, args.max_tokens, args.rounds, args.threshold,
+        long_tail_prompts=args.long_tail_prompts,
+    )
+    return 0
+
+
+def _run_sd_torch(args: argparse.Namespace) -> int:
     from verl_tlt.bench.sd_bench import run as run_sd
     from verl_tlt.spec.strategy import SpecStrategy
     from verl_tlt.toy.model import TOY_SHAPES
@@ -160,8 +223,8 @@ def _run_sd(args: argparse.Namespace) -> int:
         SpecStrategy.parse(strategy)
     if args.toy_shape not in TOY_SHAPES:
         usage_error(args, f"--toy-shape must be one of {sorted(TOY_SHAPES)}, got {args.toy_shape!r}")
-    if min(args.batch_sizes + [args.max_tokens, args.acceptance_prompts, args.rounds]) < 1:
-        usage_error(args, "--batch-sizes, --max-tokens, --acceptance-prompts and --rounds must be >= 1")
+    if args.acceptance_prompts < 1:
+        usage_error(args, "--acceptance-prompts must be >= 1")
     run_sd(
         args.json,
         args.strategies,

@@ -8,10 +8,13 @@ batches of B fresh toy prompts are decoded to completion by both engines in turn
 tokens/s summed over the rounds and their ratio are printed and saved, with the greedy outputs compared
 (``greedy_identical``) and the acceptance length read from vLLM's spec-decode stats. Ratios from one run.
 
-Two sweeps:
-- fixed K: one SD engine per K (``--ks``), speculating at every batch size;
-- the threshold gate: one SD engine with TLT's schedule (the best fixed K at batch 1 up to ``--threshold`` running
-  requests, plain above), measured at the batch sizes above the threshold, where it must cost (almost) nothing.
+Three measurements, each interleaving its engines round by round so machine drift hits them alike:
+- fixed K: one SD engine per K (``--ks``), speculating at every batch size, against plain at each batch size;
+- the threshold gate: one engine per K with TLT's schedule (K up to ``--threshold`` running requests, plain above),
+  against plain at the batch sizes above the threshold, where it must cost (almost) nothing;
+- the long tail: a rollout of ``--long-tail-prompts`` toy prompts (answers of very different lengths) decoded by
+  each gated fixed-K engine and by the engine with TLT's adaptive K policy (``k_scheduler``); the policy's tokens/s
+  against the best fixed K's. Every engine decodes one untimed rollout first (the policy learns there too).
 Must run under ``if __name__ == "__main__"`` (vLLM spawns its engine core); the CLI does.
 """
 
@@ -63,6 +66,7 @@ def run(
     rounds: int,
     threshold: int,
     *,
+    long_tail_prompts: int = 64,
     max_model_len: int = 1024,
 ) -> dict:
     from verl_tlt.integrations.vllm.local_engine import LocalVllmEngine
@@ -70,52 +74,63 @@ def run(
     from verl_tlt.toy.sft import ensure_toy_target
 
     target, drafter = str(ensure_toy_target()), str(ensure_toy_drafter())
-    max_seqs = max(batch_sizes)
-    prompts = toy_prompts(target, max_seqs * rounds, PROBLEM_SEED)
-    warm_up = prompts[:2]
+    max_seqs = max(max(batch_sizes), long_tail_prompts)
+    prompts = toy_prompts(target, max(batch_sizes) * rounds + long_tail_prompts * (rounds + 1), PROBLEM_SEED)
+    tail_prompts = prompts[len(prompts) - long_tail_prompts * (rounds + 1) :]
+    common = {"max_num_seqs": max_seqs, "max_model_len": max_model_len}
 
     def batches(batch_size: int) -> list[list[list[int]]]:
         return [prompts[r * batch_size : (r + 1) * batch_size] for r in range(rounds)]
 
+    def sd_engine(k: int, *, gated: bool, adaptive: bool = False) -> LocalVllmEngine:
+        chains = (k,) if k else tuple(ks)
+        speculative = SpeculativeConfig(threshold=threshold, strategies=tuple(f"{d}_1_{d}" for d in chains))
+        schedule = None if gated else [[1, max_seqs, k]]
+        engine = LocalVllmEngine(
+            target, drafter_dir=drafter, speculative=speculative, schedule=schedule, adaptive=adaptive, **common
+        )
+        engine.generate(prompts[:2], 8)
+        return engine
+
     gated_sizes = [b for b in batch_sizes if b > threshold]
     progress = Progress(
-        "bench sd (vLLM)", rounds * (len(ks) * len(batch_sizes) + len(gated_sizes)), unit="rounds"
+        "bench sd (vLLM)",
+        rounds * (len(ks) * len(batch_sizes) + len(ks) * len(gated_sizes) + 1),
+        unit="rounds",
     )
-    plain = LocalVllmEngine(target, max_num_seqs=max_seqs, max_model_len=max_model_len)
-    plain.generate(warm_up, 8)
-    rows = []
+    plain = LocalVllmEngine(target, **common)
+    plain.generate(prompts[:2], 8)
+    rows, gated_rows = [], []
     try:
-        for k in ks:
-            sd = LocalVllmEngine(
-                target, drafter_dir=drafter, max_num_seqs=max_seqs, max_model_len=max_model_len,
-                speculative=SpeculativeConfig(strategies=(f"{k}_1_{k}",)), schedule=[[1, max_seqs, k]],
-            )
+        for k in ks:  # fixed K at every batch size
+            engine = sd_engine(k, gated=False)
             try:
-                sd.generate(warm_up, 8)
                 for batch_size in batch_sizes:
-                    row = {"k": k, **bench_batch(plain, sd, batches(batch_size), max_tokens, progress, f"K={k}")}
+                    row = {"k": k, **bench_batch(plain, engine, batches(batch_size), max_tokens, progress, f"K={k}")}
                     rows.append(row)
                     _print_row(f"K={k}", row)
             finally:
-                sd.close()
+                engine.close()
         best_k = max((r for r in rows if r["batch_size"] == min(batch_sizes)), key=lambda r: r["speedup"])["k"]
-        gated_rows = []
-        if gated_sizes:
-            speculative = SpeculativeConfig(threshold=threshold, strategies=(f"{best_k}_1_{best_k}",))
-            sd = LocalVllmEngine(
-                target, drafter_dir=drafter, max_num_seqs=max_seqs, max_model_len=max_model_len, speculative=speculative
-            )
-            try:
-                sd.generate(warm_up, 8)
+        gated = {k: sd_engine(k, gated=True) for k in ks}
+        adaptive = sd_engine(0, gated=True, adaptive=True)
+        try:
+            for k, engine in gated.items():  # the gate above the threshold
                 for batch_size in gated_sizes:
-                    row = bench_batch(plain, sd, batches(batch_size), max_tokens, progress, "gated")
+                    row = {"k": k, **bench_batch(plain, engine, batches(batch_size), max_tokens, progress, "gated")}
                     gated_rows.append(row)
-                    _print_row(f"gated(thr={threshold})", row)
-            finally:
-                sd.close()
+                    _print_row(f"gated K={k}", row)
+            long_tail = _long_tail(
+                plain, {**{f"K={k}": e for k, e in gated.items()}, "adaptive": adaptive}, tail_prompts,
+                long_tail_prompts, max_tokens, progress,
+            )
+        finally:
+            for engine in (*gated.values(), adaptive):
+                engine.close()
     finally:
         plain.close()
-    best = max((r for r in rows if r["k"] == best_k), key=lambda r: -r["batch_size"])
+    best_fixed = max((name for name in long_tail if name.startswith("K=")), key=lambda n: long_tail[n]["tokens_per_s"])
+    batch_1 = next(r for r in rows if r["k"] == best_k and r["batch_size"] == min(batch_sizes))
     result = {
         "benchmark": "sd",
         "backend": "vllm",
@@ -126,22 +141,59 @@ def run(
         "max_tokens": max_tokens,
         "rounds": rounds,
         "ks": ks,
-        "best_k_at_batch_1": best_k,
-        "speedup_batch_1_best_k": best.get("speedup") if best["batch_size"] == 1 else None,
         "threshold": threshold,
+        "best_k_at_smallest_batch": best_k,
+        "speedup_smallest_batch_best_k": batch_1["speedup"],
+        "smallest_batch": batch_1["batch_size"],
         "gated_min_speedup_above_threshold": min((r["speedup"] for r in gated_rows), default=None),
-        "greedy_identical_everywhere": all(r["greedy_identical"] for r in rows + gated_rows),
+        "long_tail": long_tail,
+        "long_tail_best_fixed": best_fixed,
+        "adaptive_vs_best_fixed": round(long_tail["adaptive"]["tokens_per_s"] / long_tail[best_fixed]["tokens_per_s"], 3),
+        "greedy_identical_everywhere": all(r["greedy_identical"] for r in rows + gated_rows)
+        and all(v["greedy_identical"] for v in long_tail.values()),
         "rows": rows,
         "gated_rows": gated_rows,
     }
     print(
-        f"best K at batch {min(batch_sizes)}: {best_k} ({best['speedup']:.2f}x); gated schedule above threshold "
-        f"{threshold}: min {result['gated_min_speedup_above_threshold']}x; greedy identical everywhere: "
+        f"best K at batch {batch_1['batch_size']}: {best_k} ({batch_1['speedup']:.2f}x plain); gated engines above "
+        f"threshold {threshold}: min {result['gated_min_speedup_above_threshold']}x plain; long tail: adaptive "
+        f"{result['adaptive_vs_best_fixed']:.2f}x the best fixed ({best_fixed}), "
+        f"{long_tail['adaptive']['speedup']:.2f}x plain; greedy identical everywhere: "
         f"{result['greedy_identical_everywhere']}",
         flush=True,
     )
     if json_path:
         write_json(json_path, result)
+    return result
+
+
+def _long_tail(plain, engines: dict, prompts, size: int, max_tokens: int, progress: Progress) -> dict:
+    """Each engine and plain decode the same long-tail rollouts in turn; tokens/s summed over the timed rounds."""
+    totals = {name: [0, 0.0] for name in ("plain", *engines)}
+    identical = dict.fromkeys(engines, True)
+    for index in range(len(prompts) // size):
+        batch = prompts[index * size : (index + 1) * size]
+        base = plain.generate(batch, max_tokens)
+        outputs = {name: engine.generate(batch, max_tokens) for name, engine in engines.items()}
+        if index == 0:
+            continue  # untimed: every engine's first rollout (the adaptive policy explores its arms here)
+        for name, out in (("plain", base), *outputs.items()):
+            totals[name][0] += sum(map(len, out.token_ids))
+            totals[name][1] += out.seconds
+        for name, out in outputs.items():
+            identical[name] &= out.token_ids == base.token_ids
+        progress.advance(extra="long tail")
+    plain_rate = totals["plain"][0] / totals["plain"][1]
+    result = {}
+    for name in engines:
+        rate = totals[name][0] / totals[name][1]
+        result[name] = {
+            "tokens_per_s": round(rate, 1),
+            "speedup": round(rate / plain_rate, 3),
+            "greedy_identical": identical[name],
+        }
+        print(f"long tail ({size} prompts) {name:>9}: {rate:8.1f} tok/s, {rate / plain_rate:.2f}x plain", flush=True)
+    result["plain"] = {"tokens_per_s": round(plain_rate, 1), "speedup": 1.0, "greedy_identical": True}
     return result
 
 

@@ -18,11 +18,12 @@ the identity claim is violated.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 from dataclasses import fields
 from pathlib import Path
 
-from verl_tlt.commands import add_command, positive_int, run_alone
+from verl_tlt.commands import add_command, positive_int, run_alone, usage_error
 from verl_tlt.files import write_json
 from verl_tlt.quickstart.recipe import COMPARED, RUNS, GRPOSettings
 from verl_tlt.quickstart.report import format_report
@@ -61,6 +62,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--replicas", type=positive_int, default=defaults.replicas, help="rollout replicas (one CPU core each)"
     )
+    parser.add_argument(
+        "--rollout",
+        choices=["torch", "vllm"],
+        default=defaults.rollout,
+        help="the rollout engine: verl-tlt's torch engine, or verl's vLLM rollout on vLLM's CPU build (needs the vLLM "
+        "environment: recipes/quickstart_cpu.sh --rollout vllm sets it up and uses it)",
+    )
     parser.add_argument("--timeout", type=float, default=1200, help="hard limit per verl job, seconds")
     parser.add_argument("--no-plot", action="store_true", help="skip comparison.png (no matplotlib needed)")
     parser.add_argument(
@@ -91,6 +99,12 @@ def run(args: argparse.Namespace) -> int:
     from verl_tlt.toy.cache import default_cache_root
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [quickstart] %(message)s", datefmt="%H:%M:%S")
+    if args.rollout == "vllm" and importlib.util.find_spec("vllm") is None:
+        usage_error(
+            args,
+            "--rollout vllm needs vLLM's CPU build in this environment: run recipes/quickstart_cpu.sh --rollout vllm, "
+            "which sets up .venv-vllm (scripts/setup_vllm_env.sh) and runs the quickstart there",
+        )
     out = Path(args.out)
     summary = run_comparison(
         Path(args.cache) if args.cache else default_cache_root(),

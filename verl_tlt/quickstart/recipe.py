@@ -42,7 +42,7 @@ CPU_STRATEGY_OVERRIDES = ['tlt.speculative.strategies=["4_1_4","2_1_2"]']
 
 @dataclass(frozen=True)
 class GRPOSettings:
-    """The size of the quickstart's GRPO job: steps, prompts x samples per step, response cap, lr, replicas."""
+    """The quickstart's GRPO job: steps, prompts x samples per step, response cap, lr, replicas, rollout engine."""
 
     steps: int = 15
     batch_size: int = 16
@@ -50,6 +50,7 @@ class GRPOSettings:
     max_response_length: int = 256
     lr: float = 5e-4
     replicas: int = 2
+    rollout: str = "torch"  # or "vllm": verl's vLLM rollout on vLLM's CPU build (+cpu=vllm)
 
 
 def toy_grpo_overrides(

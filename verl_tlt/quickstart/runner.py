@@ -158,7 +158,9 @@ def run_comparison(
             results[name] = run_one(
                 name, common, out / name, steps=settings.steps, timeout_s=timeout_s, expected_s=previous
             )
-    return build_summary(results, timer.seconds, replicas=settings.replicas, overrides=common, missing=missing)
+    return build_summary(
+        results, timer.seconds, replicas=settings.replicas, overrides=common, missing=missing, rollout=settings.rollout
+    )
 
 
 def build_summary(
@@ -168,11 +170,12 @@ def build_summary(
     replicas: int,
     overrides: list[str],
     missing: list[str],
+    rollout: str = "torch",
 ) -> dict[str, Any]:
     runs = {name: r.rows for name, r in results.items()}
     responses = {name: r.responses for name, r in results.items()}
     return {
-        "job": f"toy GRPO on CPU, torch rollout, {replicas} replicas: baseline vs TLT vs TLT with a frozen drafter, "
+        "job": f"toy GRPO on CPU, {rollout} rollout, {replicas} replicas: baseline vs TLT vs TLT with a frozen drafter, "
         f"and the baseline repeated ({CONTROL}) as a control",
         "missing_runs": missing,
         **(headline(runs) if all(name in runs for name in COMPARED) else {}),

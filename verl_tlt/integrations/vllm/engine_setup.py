@@ -9,14 +9,26 @@ import os
 
 from verl_tlt.config import SpeculativeConfig
 from verl_tlt.integrations.vllm.cpu_build_fixes import ENV as UNPACKED_WEIGHTS_ENV
-from verl_tlt.integrations.vllm.speculative_config import build_speculative_config
+from verl_tlt.integrations.vllm.k_scheduler import POLICY_ENV, policy_env_value
+from verl_tlt.integrations.vllm.speculative_config import build_speculative_config, chain_depths
 
 TLT_WORKER_EXTENSION = "verl_tlt.integrations.vllm.worker_extension.TLTWorkerExtension"
+TLT_SCHEDULER = "verl_tlt.integrations.vllm.k_scheduler.TLTKScheduler"
 
 
-def speculative_engine_args(speculative: SpeculativeConfig, drafter_dir: str, max_num_seqs: int) -> dict:
-    """``speculative_config`` (EAGLE-1 from `drafter_dir`, K schedule gated by the threshold)."""
-    return {"speculative_config": build_speculative_config(speculative, drafter_dir, max_num_seqs)}
+def speculative_engine_args(
+    speculative: SpeculativeConfig, drafter_dir: str, max_num_seqs: int, *, adaptive: bool = True
+) -> dict:
+    """``speculative_config`` (EAGLE-1 from `drafter_dir`, K schedule gated by the threshold) and, with
+    `adaptive`, TLT's scheduler, whose policy picks K per step (``k_scheduler``).
+
+    The policy's config is put in this process's environment, which vLLM's engine-core process inherits.
+    """
+    args: dict = {"speculative_config": build_speculative_config(speculative, drafter_dir, max_num_seqs)}
+    if adaptive:
+        os.environ[POLICY_ENV] = policy_env_value(speculative, chain_depths(speculative))
+        args["scheduler_cls"] = TLT_SCHEDULER
+    return args
 
 
 def cpu_engine_env() -> None:

@@ -43,9 +43,11 @@ class LocalVllmEngine:
         seed: int = 0,
         schedule: list[list[int]] | None = None,
         num_speculative_tokens: int | None = None,
+        adaptive: bool = False,
     ):
         """drafter_dir None: plain decoding. schedule / num_speculative_tokens override what `speculative` gives
-        (a fixed K for benchmarks: schedule [[1, max_num_seqs, K]])."""
+        (a fixed K for benchmarks: schedule [[1, max_num_seqs, K]]). adaptive: TLT's per-step K policy
+        (``k_scheduler``) instead of the static schedule."""
         cpu_engine_env()
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -54,7 +56,7 @@ class LocalVllmEngine:
         self.counter = SpecStepCounter(self.speculative.threshold, self.speculative.buckets)
         kwargs: dict[str, Any] = {}
         if drafter_dir is not None:
-            kwargs = speculative_engine_args(self.speculative, drafter_dir, max_num_seqs)
+            kwargs = speculative_engine_args(self.speculative, drafter_dir, max_num_seqs, adaptive=adaptive)
             spec = kwargs["speculative_config"]
             if num_speculative_tokens is not None:
                 spec["num_speculative_tokens"] = num_speculative_tokens

@@ -1,0 +1,35 @@
+"""`verl-tlt bench sd --backend vllm` on real vLLM (the CPU build), at toy size: it runs, checks greedy identity,
+and reports every ratio it promises. The numbers themselves are measured by the full command (docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("vllm")
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
+
+
+def test_the_vllm_sd_bench_reports_every_ratio_with_greedy_identity(tmp_path):
+    out = tmp_path / "sd.json"
+    command = [sys.executable, "-m", "verl_tlt.cli", "bench", "sd", "--backend", "vllm", "--ks", "2", "4",
+               "--batch-sizes", "1", "4", "--threshold", "2", "--rounds", "1", "--max-tokens", "48",
+               "--long-tail-prompts", "8", "--json", str(out)]
+    subprocess.run(command, check=True, timeout=540)
+    result = json.loads(out.read_text())
+    assert result["backend"] == "vllm" and result["ks"] == [2, 4]
+    assert [(r["k"], r["batch_size"]) for r in result["rows"]] == [(2, 1), (2, 4), (4, 1), (4, 4)]
+    # Each K's gated engine, at the batch sizes above the threshold.
+    assert [(r["k"], r["batch_size"]) for r in result["gated_rows"]] == [(2, 4), (4, 4)]
+    assert result["greedy_identical_everywhere"] is True
+    for row in result["rows"] + result["gated_rows"]:
+        assert row["speedup"] > 0 and row["plain_tokens_per_s"] > 0
+    assert all(r["acceptance_length"] > 1.5 for r in result["rows"])  # the warmed-up drafter is accepted
+    assert all(r["sd_step_share"] < 0.5 for r in result["gated_rows"])  # above the threshold: mostly plain steps
+    assert result["best_k_at_smallest_batch"] in (2, 4) and result["smallest_batch"] == 1
+    assert set(result["long_tail"]) == {"K=2", "K=4", "adaptive", "plain"}
+    assert result["long_tail_best_fixed"] in ("K=2", "K=4") and result["adaptive_vs_best_fixed"] > 0
