@@ -41,7 +41,10 @@ def test_bench_batch_advances_progress_after_each_round(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--backend", "vllm", "--strategies", "4_1_4", "--compile"], "--strategies, --compile: only for --backend torch"),
+        (
+            ["--backend", "vllm", "--strategies", "4_1_4", "--compile"],
+            "--strategies, --compile: only for --backend torch",
+        ),
         (["--ks", "4"], "--ks: only for --backend vllm, not torch; drop it"),
     ],
 )

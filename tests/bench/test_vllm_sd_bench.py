@@ -16,9 +16,31 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
 def test_the_vllm_sd_bench_reports_every_ratio_with_greedy_identity(tmp_path):
     out = tmp_path / "sd.json"
-    command = [sys.executable, "-m", "verl_tlt.cli", "bench", "sd", "--backend", "vllm", "--ks", "2", "4",
-               "--batch-sizes", "1", "4", "--threshold", "2", "--rounds", "1", "--max-tokens", "48",
-               "--long-tail-prompts", "8", "--json", str(out)]
+    command = [
+        sys.executable,
+        "-m",
+        "verl_tlt.cli",
+        "bench",
+        "sd",
+        "--backend",
+        "vllm",
+        "--ks",
+        "2",
+        "4",
+        "--batch-sizes",
+        "1",
+        "4",
+        "--threshold",
+        "2",
+        "--rounds",
+        "1",
+        "--max-tokens",
+        "48",
+        "--long-tail-prompts",
+        "8",
+        "--json",
+        str(out),
+    ]
     subprocess.run(command, check=True, timeout=540)
     result = json.loads(out.read_text())
     assert result["backend"] == "vllm" and result["ks"] == [2, 4]

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from verl_tlt.integrations.verl.tlt_runtime import rollout_metrics
 from verl_tlt.metrics.rollout_trace import (
     SD_COUNTERS,
     RolloutTrace,
@@ -16,7 +17,6 @@ from verl_tlt.metrics.rollout_trace import (
     rollout_weights_sha256,
     weights_sha256,
 )
-from verl_tlt.integrations.verl.tlt_runtime import rollout_metrics
 
 
 class FakeClock:

@@ -175,8 +175,16 @@ def _add_sd(bench: argparse._SubParsersAction) -> None:
 
 
 # Options of `bench sd` that only the torch engine reads: with --backend vllm, setting one is an error, not ignored.
-TORCH_ONLY_SD_OPTIONS = ("device", "strategies", "temperature", "acceptance_prompts", "compile", "cuda_graphs",
-                         "sampling", "toy_shape")
+TORCH_ONLY_SD_OPTIONS = (
+    "device",
+    "strategies",
+    "temperature",
+    "acceptance_prompts",
+    "compile",
+    "cuda_graphs",
+    "sampling",
+    "toy_shape",
+)
 VLLM_ONLY_SD_OPTIONS = ("ks", "threshold", "long_tail_prompts")
 
 
@@ -188,7 +196,10 @@ def _run_sd(args: argparse.Namespace) -> int:
     if changed:
         flags = ", ".join("--" + name.replace("_", "-") for name in changed)
         other = "torch" if args.backend == "vllm" else "vllm"
-        usage_error(args, f"{flags}: only for --backend {other}, not {args.backend}; drop {'them' if len(changed) > 1 else 'it'}")
+        usage_error(
+            args,
+            f"{flags}: only for --backend {other}, not {args.backend}; drop {'them' if len(changed) > 1 else 'it'}",
+        )
     if args.backend == "vllm":
         return _run_sd_vllm(args)
     return _run_sd_torch(args)
@@ -208,7 +219,12 @@ def _run_sd_vllm(args: argparse.Namespace) -> int:
     from verl_tlt.bench.vllm_sd_bench import run as run_vllm_sd
 
     run_vllm_sd(
-        args.json, args.ks, args.batch_sizes, args.max_tokens, args.rounds, args.threshold,
+        args.json,
+        args.ks,
+        args.batch_sizes,
+        args.max_tokens,
+        args.rounds,
+        args.threshold,
         long_tail_prompts=args.long_tail_prompts,
     )
     return 0

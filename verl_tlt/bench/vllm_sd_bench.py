@@ -121,8 +121,12 @@ def run(
                     gated_rows.append(row)
                     _print_row(f"gated K={k}", row)
             long_tail = _long_tail(
-                plain, {**{f"K={k}": e for k, e in gated.items()}, "adaptive": adaptive}, tail_prompts,
-                long_tail_prompts, max_tokens, progress,
+                plain,
+                {**{f"K={k}": e for k, e in gated.items()}, "adaptive": adaptive},
+                tail_prompts,
+                long_tail_prompts,
+                max_tokens,
+                progress,
             )
         finally:
             for engine in (*gated.values(), adaptive):
@@ -148,7 +152,9 @@ def run(
         "gated_min_speedup_above_threshold": min((r["speedup"] for r in gated_rows), default=None),
         "long_tail": long_tail,
         "long_tail_best_fixed": best_fixed,
-        "adaptive_vs_best_fixed": round(long_tail["adaptive"]["tokens_per_s"] / long_tail[best_fixed]["tokens_per_s"], 3),
+        "adaptive_vs_best_fixed": round(
+            long_tail["adaptive"]["tokens_per_s"] / long_tail[best_fixed]["tokens_per_s"], 3
+        ),
         "greedy_identical_everywhere": all(r["greedy_identical"] for r in rows + gated_rows)
         and all(v["greedy_identical"] for v in long_tail.values()),
         "rows": rows,

@@ -175,8 +175,8 @@ def build_summary(
     runs = {name: r.rows for name, r in results.items()}
     responses = {name: r.responses for name, r in results.items()}
     return {
-        "job": f"toy GRPO on CPU, {rollout} rollout, {replicas} replicas: baseline vs TLT vs TLT with a frozen drafter, "
-        f"and the baseline repeated ({CONTROL}) as a control",
+        "job": f"toy GRPO on CPU, {rollout} rollout, {replicas} replicas: baseline vs TLT vs TLT with a frozen "
+        f"drafter, and the baseline repeated ({CONTROL}) as a control",
         "missing_runs": missing,
         **(headline(runs) if all(name in runs for name in COMPARED) else {}),
         # Per run and step against the baseline: rollout weights bitwise equal? sampled responses equal?

@@ -51,7 +51,7 @@ def test_tlt_off_with_enabled_true_stops_with_the_plus_tlt_on_fix():
     [
         ("trainer.v1.trainer_mode=separate_async", "trainer.v1.trainer_mode=separate_async"),
         ("trainer.use_v1=false", "trainer.use_v1=false"),
-        ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.name=vllm"),
+        ("actor_rollout_ref.rollout.name=sglang", "got sglang"),
         ("tlt.drafter.init=/nonexistent/drafter", "tlt.drafter.init='/nonexistent/drafter'"),
     ],
 )

@@ -2,7 +2,9 @@
 patches/verl/ applies to it as proposed upstream.
 
 A failure names the symbol or patch: after a verl upgrade it says which internal moved, and so which part of
-verl-tlt to revisit, before a run finds out.
+verl-tlt to revisit, before a run finds out. Rows in verl's vLLM rollout import vLLM: they carry the `vllm` marker
+and run only in the vLLM tier, where tests/integrations/vllm/test_vllm_patches.py checks them too (with
+patches/vllm/).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ SYMBOLS_FILE = PATCHES / "verl_symbols.txt"
 PATCH_DIR = PATCHES / "verl"
 # The verl release the symbol list and the patches were written against.
 VERL_VERSION = "0.9.1"
+# verl modules that import vLLM at the top: their rows can only be checked where vLLM is installed.
+VLLM_MODULE_PREFIX = "verl.workers.rollout.vllm_rollout."
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,10 @@ class Symbol:
     @property
     def qualname(self) -> str:
         return self.name.partition(":")[2]
+
+    @property
+    def needs_vllm(self) -> bool:
+        return self.module.startswith(VLLM_MODULE_PREFIX)
 
 
 def read_symbols(path: Path = SYMBOLS_FILE) -> list[Symbol]:
@@ -80,8 +88,17 @@ def resolve(symbol: Symbol) -> None:
             raise LookupError(f"{symbol.name}: {getattr(owner, '__name__', owner)} has no attribute {last!r}")
         if text not in _string_constants(getattr(owner, last)):
             raise LookupError(f"{symbol.name}: its source no longer holds the string {text!r}")
+    elif symbol.check.startswith("param:"):
+        if not hasattr(owner, last):
+            raise LookupError(f"{symbol.name}: {getattr(owner, '__name__', owner)} has no attribute {last!r}")
+        parameters = inspect.signature(getattr(owner, last)).parameters
+        missing = [name for name in symbol.check.partition(":")[2].split(",") if name not in parameters]
+        if missing:
+            raise LookupError(f"{symbol.name}: takes no parameter {', '.join(missing)}")
     else:
-        raise ValueError(f"{symbol.name}: unknown check {symbol.check!r} (object, self-attr or literal:TEXT)")
+        raise ValueError(
+            f"{symbol.name}: unknown check {symbol.check!r} (object, self-attr, literal:TEXT or param:A,B)"
+        )
 
 
 def _tree(obj) -> ast.AST:
@@ -118,7 +135,14 @@ SYMBOLS = read_symbols()
 # ----- the symbols ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("symbol", SYMBOLS, ids=lambda s: f"{s.name}[{s.check}]")
+def symbol_params(symbols: list[Symbol]) -> list:
+    """One pytest param per row; rows whose module imports vLLM are marked `vllm` (skipped where it is missing)."""
+    return [
+        pytest.param(s, id=f"{s.name}[{s.check}]", marks=[pytest.mark.vllm] if s.needs_vllm else []) for s in symbols
+    ]
+
+
+@pytest.mark.parametrize("symbol", symbol_params(SYMBOLS))
 def test_the_installed_verl_has_the_symbol(symbol):
     try:
         resolve(symbol)
@@ -137,6 +161,10 @@ def test_the_installed_verl_has_the_symbol(symbol):
             "no longer holds the string 'tlt_sync'",
         ),
         (Symbol("verl.workers.rollout.replica:NoSuchReplica.servers", "self-attr", "x", "-"), "'NoSuchReplica'"),
+        (
+            Symbol("verl.workers.rollout.replica:RolloutReplicaRegistry.register", "param:name,no_such", "x", "-"),
+            "takes no parameter no_such",
+        ),
     ],
 )
 def test_a_missing_symbol_is_named(planted, missing):

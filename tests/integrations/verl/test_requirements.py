@@ -99,7 +99,11 @@ def test_what_tlt_cannot_serve_on_vllm_is_refused_with_the_fix(rollout, expected
 def test_vllm_accepts_what_it_can_serve():
     config = _verl_config({"enabled": True}, rollout="vllm")
     config["actor_rollout_ref"]["rollout"].update(
-        {"data_parallel_size": 1, "mtp": {"enable": True, "enable_rollout": False}, "checkpoint_engine": {"backend": "naive"}}
+        {
+            "data_parallel_size": 1,
+            "mtp": {"enable": True, "enable_rollout": False},
+            "checkpoint_engine": {"backend": "naive"},
+        }
     )
     check_requirements(config)
 

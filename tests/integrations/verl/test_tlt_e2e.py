@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from verl_tlt.drafter.safe_state import STATE_FILE, TENSORS_FILE
-from verl_tlt.metrics.rollout_trace import rollout_weights_sha256
 from verl_tlt.integrations.verl.same_samples import SAME_SAMPLES_OVERRIDES
+from verl_tlt.metrics.rollout_trace import rollout_weights_sha256
 from verl_tlt.quickstart.recipe import toy_grpo_overrides
 from verl_tlt.quickstart.verl_job import read_rollouts, run_verl_job
 from verl_tlt.toy.build import build_toy_world

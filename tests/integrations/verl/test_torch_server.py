@@ -14,8 +14,8 @@ import torch
 from tests.engine.conftest import tiny_qwen2  # noqa: F401
 from tests.openmp_probe import openmp_max_threads_probe
 from verl_tlt.integrations.verl import torch_server
-from verl_tlt.metrics.rollout_trace import RolloutTrace, weights_sha256
 from verl_tlt.integrations.verl.torch_server import TorchRolloutServer, _build_engine
+from verl_tlt.metrics.rollout_trace import RolloutTrace, weights_sha256
 from verl_tlt.modeling.model import UnsupportedModelError
 
 

@@ -10,15 +10,31 @@ from verl_tlt.metrics.rollout_trace import acceptance_length
 def test_steps_with_drafts_are_speculative_and_labelled_by_the_rows_they_verified():
     counter = SpecStepCounter(threshold=4, buckets=(1, 2, 4))
     counter.record_step(num_running=8, generated_tokens=8)  # above the threshold: plain
-    counter.record_step(num_running=3, generated_tokens=10, num_drafts=3, num_draft_tokens=12, num_accepted=7,
-                        accepted_per_position=[3, 2, 1, 1])
-    counter.record_step(num_running=1, generated_tokens=5, num_drafts=1, num_draft_tokens=4, num_accepted=4,
-                        accepted_per_position=[1, 1, 1, 1])
+    counter.record_step(
+        num_running=3,
+        generated_tokens=10,
+        num_drafts=3,
+        num_draft_tokens=12,
+        num_accepted=7,
+        accepted_per_position=[3, 2, 1, 1],
+    )
+    counter.record_step(
+        num_running=1,
+        generated_tokens=5,
+        num_drafts=1,
+        num_draft_tokens=4,
+        num_accepted=4,
+        accepted_per_position=[1, 1, 1, 1],
+    )
     counter.record_step(num_running=0, generated_tokens=0)  # nothing decoded: not a step
     stats = counter.take_stats()
     assert (stats["steps_plain"], stats["steps_sd"]) == (1, 2)
     assert (stats["tokens_plain"], stats["tokens_sd"]) == (8, 15)
-    assert stats["strategy_histogram"] == {"above_threshold": {"plain": 1}, "bs>=2": {"4_1_4": 1}, "bs>=1": {"4_1_4": 1}}
+    assert stats["strategy_histogram"] == {
+        "above_threshold": {"plain": 1},
+        "bs>=2": {"4_1_4": 1},
+        "bs>=1": {"4_1_4": 1},
+    }
     assert stats["max_sd_rows"] == 3
     assert stats["accepted_per_position"] == [4, 3, 2, 2]
     assert strategy_acceptance([stats]) == {"4_1_4": 15 / 4}

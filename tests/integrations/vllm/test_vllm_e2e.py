@@ -37,8 +37,15 @@ def target():
 
 def run(world, target, out_dir, *, tlt: bool, env=None):
     overrides = toy_grpo_overrides(
-        world, steps=STEPS, batch_size=16, group_size=1, max_response_length=128, lr=1e-3, model_dir=target,
-        replicas=2, rollout="vllm",
+        world,
+        steps=STEPS,
+        batch_size=16,
+        group_size=1,
+        max_response_length=128,
+        lr=1e-3,
+        model_dir=target,
+        replicas=2,
+        rollout="vllm",
     )
     # REINFORCE++ learns from single greedy samples, so the policy moves while the rollouts stay deterministic.
     overrides += ["algorithm.adv_estimator=reinforce_plus_plus", "actor_rollout_ref.rollout.top_k=1"]
@@ -72,8 +79,16 @@ def test_greedy_rollouts_on_vllm_are_identical_with_tlt_on_and_off(world, target
     for m in on.metrics:
         tlt = tlt_metrics(m)
         assert all(math.isfinite(v) for v in tlt.values()), tlt
-        for key in ("tlt/sd/acceptance_length", "tlt/sd/step_share", "tlt/sd/token_share", "tlt/tail/time_to_90pct_s",
-                    "tlt/rollout/time_s", "tlt/spot/idle_replica_s", "tlt/capture/samples", "tlt/drafter/version"):
+        for key in (
+            "tlt/sd/acceptance_length",
+            "tlt/sd/step_share",
+            "tlt/sd/token_share",
+            "tlt/tail/time_to_90pct_s",
+            "tlt/rollout/time_s",
+            "tlt/spot/idle_replica_s",
+            "tlt/capture/samples",
+            "tlt/drafter/version",
+        ):
             assert key in tlt, f"step {m['step']}: missing {key}"
         assert "tlt/rollout/engine_busy_s" not in tlt  # vLLM does not report it: no made-up zero
         assert tlt["tlt/sd/step_share"] > 0 and tlt["tlt/sd/acceptance_length"] >= 1.0
@@ -82,7 +97,7 @@ def test_greedy_rollouts_on_vllm_are_identical_with_tlt_on_and_off(world, target
     # The drafter learned on drained replicas, and each step's rollout ran the version pushed after the step before.
     assert any(tlt_metrics(m)["tlt/spot/trained_replica_s"] > 0 for m in on.metrics)
     assert tlt_metrics(on.metrics[-1])["tlt/drafter/total_steps"] >= 1
-    for before, after in zip(on.metrics, on.metrics[1:]):
+    for before, after in zip(on.metrics, on.metrics[1:], strict=False):
         assert tlt_metrics(after)["tlt/drafter/rollout_version_min"] == tlt_metrics(before)["tlt/drafter/version"]
     assert tlt_metrics(on.metrics[-1])["tlt/drafter/version"] >= 1
 

@@ -83,8 +83,8 @@ def _check_rollout(config: Mapping[str, Any], tlt_cfg: TLTConfig) -> None:
         raise TLTNotAvailableError(
             f"{ROOT_KEY}.enabled=true runs on actor_rollout_ref.rollout.name={VLLM_ROLLOUT_NAME} or "
             f"{TORCH_ROLLOUT_NAME} (verl-tlt's torch engine), got {_shown(name)}. Fix: set "
-            f"actor_rollout_ref.rollout.name={VLLM_ROLLOUT_NAME} (on CPU: {TORCH_ROLLOUT_NAME}, +cpu=torch), or run with "
-            f"{ROOT_KEY}.enabled=false (the default) for stock verl behaviour."
+            f"actor_rollout_ref.rollout.name={VLLM_ROLLOUT_NAME} (on CPU: {TORCH_ROLLOUT_NAME}, +cpu=torch), or run "
+            f"with {ROOT_KEY}.enabled=false (the default) for stock verl behaviour."
         )
 
 
@@ -108,8 +108,8 @@ def _check_vllm_rollout(config: Mapping[str, Any], tlt_cfg: TLTConfig) -> None:
     if backend == "delta_sharded":
         raise TLTNotAvailableError(
             f"{ROOT_KEY}.enabled=true with {rollout}.checkpoint_engine.backend=delta_sharded: that weight transfer "
-            f"replaces the worker extension TLT loads drafters through. Fix: {rollout}.checkpoint_engine.backend=naive, "
-            f"{off}."
+            f"replaces the worker extension TLT loads drafters through. Fix: "
+            f"{rollout}.checkpoint_engine.backend=naive, {off}."
         )
     for key in ("speculative_config", "worker_extension_cls"):
         value = _get(config, f"{rollout}.engine_kwargs.vllm.{key}")

@@ -35,10 +35,9 @@ from verl_tlt.integrations.verl.checkpoint_paths import checkpoint_root, resumed
 from verl_tlt.integrations.verl.coordinator import SpotCoordinator
 from verl_tlt.integrations.verl.drafter_pool import DrafterPool
 from verl_tlt.integrations.verl.request_seeds import rollout_seed
-from verl_tlt.integrations.verl.requirements import VLLM_ROLLOUT_NAME
-from verl_tlt.metrics.rollout_trace import rollout_summary
 from verl_tlt.integrations.verl.torch_rollout_config import torch_rollout_config
 from verl_tlt.metrics.long_tail import long_tail_metrics
+from verl_tlt.metrics.rollout_trace import rollout_summary
 
 logger = logging.getLogger(__name__)
 # Like verl's own modules: INFO unless VERL_LOGGING_LEVEL says otherwise, so TLT's progress shows in the run log.
@@ -57,12 +56,6 @@ class TLTRuntime:
 
     def __init__(self, config: Any, tlt: TLTConfig):
         self.config, self.tlt = config, tlt
-        if config.actor_rollout_ref.rollout.name == VLLM_ROLLOUT_NAME:
-            # Before verl builds its rollout servers (this runs in the trainer's constructor): vLLM replicas with
-            # TLT's server, keeping rollout.name=vllm. Runs with TLT off never get here.
-            from verl_tlt.integrations.vllm.replica import register_tlt_vllm_replica
-
-            register_tlt_vllm_replica()
         self.metrics: dict[str, float] = {}
         self.servers: list[Any] = []
         self.pool: DrafterPool | None = None

@@ -19,8 +19,8 @@ import torch
 
 from verl_tlt.engine import CompletionOutput, RolloutEngine, SamplingParams
 from verl_tlt.integrations.verl.request_seeds import rollout_seed
-from verl_tlt.metrics.rollout_trace import RolloutTrace, append_jsonl, weights_sha256
 from verl_tlt.integrations.verl.torch_rollout_config import torch_rollout_config
+from verl_tlt.metrics.rollout_trace import RolloutTrace, append_jsonl, weights_sha256
 from verl_tlt.modeling.model import UnsupportedModelError
 from verl_tlt.modeling.torch_threads import with_torch_threads
 

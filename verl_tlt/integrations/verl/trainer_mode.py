@@ -100,7 +100,15 @@ def make_runtime(config: Any, tlt_config: TLTConfig) -> Any:
     """The trainer's runtime: TLT's (imports Ray, the drafter and the engine) only when TLT is on."""
     if not tlt_config.enabled:
         return DisabledTLT()
+    from verl_tlt.integrations.verl.requirements import VLLM_ROLLOUT_NAME
     from verl_tlt.integrations.verl.tlt_runtime import TLTRuntime
+
+    if config.actor_rollout_ref.rollout.name == VLLM_ROLLOUT_NAME:
+        # Before verl builds its rollout servers (the trainer's constructor calls this first): vLLM replicas with
+        # TLT's server, keeping rollout.name=vllm. Runs with TLT off never get here.
+        from verl_tlt.integrations.vllm.replica import register_tlt_vllm_replica
+
+        register_tlt_vllm_replica()
 
     return TLTRuntime(config, tlt_config)
 

@@ -19,7 +19,11 @@ from verl_tlt.drafter.export import WEIGHTS_FILE
 
 def drafter_root(replica_rank: int) -> Path:
     """A node-local directory for one replica's drafter versions: /dev/shm where it exists (RAM), else tmp."""
-    base = Path("/dev/shm") if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else Path(tempfile.gettempdir())
+    base = (
+        Path("/dev/shm")
+        if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK)
+        else Path(tempfile.gettempdir())
+    )
     root = base / f"verl-tlt-{os.getuid()}" / f"vllm-drafter-{os.getpid()}-{replica_rank}"
     root.mkdir(parents=True, exist_ok=True)
     return root

@@ -79,7 +79,12 @@ class LocalVllmEngine:
         self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[stat_logger_factory(self.counter)])
 
     def generate(
-        self, prompts: list[list[int]], max_tokens: int, *, temperature: float = 0.0, seed: int | None = None,
+        self,
+        prompts: list[list[int]],
+        max_tokens: int,
+        *,
+        temperature: float = 0.0,
+        seed: int | None = None,
         logprobs: bool = False,
     ) -> Generation:
         """All prompts submitted at once (one batch that drains: a rollout's shape); token ids per prompt."""
@@ -98,19 +103,19 @@ class LocalVllmEngine:
                 logprobs=0 if logprobs else None,
             )
             final = None
-            async for output in self.engine.generate(TokensPrompt(prompt_token_ids=prompt), params, f"r{next(self._ids)}"):
+            async for output in self.engine.generate(
+                TokensPrompt(prompt_token_ids=prompt), params, f"r{next(self._ids)}"
+            ):
                 final = output
             completion = final.outputs[0]
             ids = list(completion.token_ids)
-            lps = [step[t].logprob for t, step in zip(ids, completion.logprobs)] if logprobs else None
+            lps = [step[t].logprob for t, step in zip(ids, completion.logprobs, strict=True)] if logprobs else None
             return ids, lps
 
         began = time.perf_counter()
         results = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
         seconds = time.perf_counter() - began
-        return Generation(
-            [ids for ids, _ in results], [lps for _, lps in results] if logprobs else None, seconds
-        )
+        return Generation([ids for ids, _ in results], [lps for _, lps in results] if logprobs else None, seconds)
 
     def load_drafter(self, path: str, version: int) -> list[dict]:
         """Load the export at `path` into every worker's drafter in place; each worker's result."""

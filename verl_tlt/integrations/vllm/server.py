@@ -78,7 +78,9 @@ class TLTvLLMHttpServer(vLLMHttpServer):
             self.tlt.drafter.init, self.model_config.local_path, self._root / "initial"
         )
         self._drafter_version = INITIAL_VERSION
-        engine_kwargs.update(speculative_engine_args(self.tlt.speculative, str(self._drafter_dir), self.config.max_num_seqs))
+        engine_kwargs.update(
+            speculative_engine_args(self.tlt.speculative, str(self._drafter_dir), self.config.max_num_seqs)
+        )
         engine_kwargs["disable_log_stats"] = False  # the spec-decode stats reach stat loggers only with it
         if _is_cpu_build():
             cpu_engine_env()
@@ -104,12 +106,16 @@ class TLTvLLMHttpServer(vLLMHttpServer):
             await super().run_server(args)
         finally:
             vllm_async_server.AsyncLLM = stock
-        # Keep a copy of the start-up drafter in every worker, so a level-2 sleep cannot lose it.
-        await self.engine.collective_rpc("tlt_remember_drafter", args=(str(self._drafter_dir), INITIAL_VERSION))
+        # Load the start-up drafter's weights into every worker, even though vLLM was given its directory: with
+        # verl's default rollout.load_format=dummy vLLM initialises the drafter randomly too. The load also leaves a
+        # CPU copy in each worker, so a level-2 sleep cannot lose it.
+        await self.engine.collective_rpc("tlt_load_drafter", args=(str(self._drafter_dir), INITIAL_VERSION))
 
     # ----- requests ----------------------------------------------------------------------------------------------
 
-    async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any], request_id: str, *args: Any, **kwargs: Any):
+    async def generate(
+        self, prompt_ids: list[int], sampling_params: dict[str, Any], request_id: str, *args: Any, **kwargs: Any
+    ):
         self.trace.on_submit()
         self._in_flight += 1
         try:
@@ -174,7 +180,9 @@ class TLTvLLMHttpServer(vLLMHttpServer):
         previous, self._drafter_dir, self._drafter_version = self._drafter_dir, folder, version
         if previous is not None and previous.parent == self._root and previous.name != "initial":
             shutil.rmtree(previous, ignore_errors=True)
-        logger.info("TLT vLLM server %d: drafter version %d loaded (%d workers)", self.replica_rank, version, len(loaded))
+        logger.info(
+            "TLT vLLM server %d: drafter version %d loaded (%d workers)", self.replica_rank, version, len(loaded)
+        )
         return True
 
     async def target_shared_weights(self) -> dict[str, torch.Tensor]:

@@ -12,8 +12,8 @@ one ``SpecStepCounter``; the counter keeps:
 
 A step that verified drafts is speculative; one that generated tokens without verifying any is plain. The batch
 size of a speculative step is the number of drafts it verified (vLLM's running count, reported after the step,
-can include requests that arrived meanwhile); of a plain step, the running requests vLLM reports with it. Seconds per step are not reported by vLLM
-and stay 0. ``record_step`` is pure (no vLLM import) so tests can drive it.
+can include requests that arrived meanwhile); of a plain step, the running requests vLLM reports with it. Seconds
+per step are not reported by vLLM and stay 0. ``record_step`` is pure (no vLLM import) so tests can drive it.
 """
 
 from __future__ import annotations

@@ -22,7 +22,6 @@ import logging
 from typing import Any
 
 import torch
-
 from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension
 
 logger = logging.getLogger(__name__)
@@ -68,18 +67,6 @@ class TLTWorkerExtension(vLLMColocateWorkerExtension):
 
     def tlt_drafter_version(self) -> int | None:
         return getattr(self, "_tlt_version", None)
-
-    def tlt_remember_drafter(self, path: str, version: int) -> dict[str, Any]:
-        """Keep a CPU copy of the drafter vLLM loaded at start (from `path`) so a level-2 sleep cannot lose it."""
-        from verl_tlt.integrations.vllm.drafter_files import read_drafter_tensors
-
-        self._tlt_install_wake_up_restore()
-        self._tlt_draft_model()  # fail now, not at the first wake-up, if there is no drafter
-        self._tlt_snapshot = {
-            name: t for name, t in read_drafter_tensors(path).items() if name.startswith(DRAFTER_OWN_PREFIXES)
-        }
-        self._tlt_version = version
-        return {"version": version, "loaded": len(self._tlt_snapshot), "rank": getattr(self, "rank", 0)}
 
     # ----- internals -------------------------------------------------------------------------------------------
 
