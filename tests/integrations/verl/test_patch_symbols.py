@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -220,6 +221,27 @@ def run_patch(root: Path, patch: Path, *extra: str) -> subprocess.CompletedProce
     )
 
 
+def check_applies_exactly(patch: Path, root: Path, copy: Callable[[Path, list[str]], None]) -> None:
+    """`patch` applies to `copy`'s pristine files under root at its own lines (no offset, no fuzz)."""
+    files = patched_files(patch)
+    assert files, f"{patch.name} changes no file"
+    copy(root, files)
+    result = run_patch(root, patch, "--dry-run")
+    assert result.returncode == 0, f"{patch.name} does not apply:\n{result.stdout}{result.stderr}"
+    assert "offset" not in result.stdout, f"{patch.name} applies only at other lines:\n{result.stdout}"
+
+
+def check_apply_together(patches: list[Path], root: Path, copy: Callable[[Path, list[str]], None]) -> None:
+    """The patches apply one after the other to pristine copies and leave files that compile."""
+    files = sorted({name for patch in patches for name in patched_files(patch)})
+    copy(root, files)
+    for patch in patches:
+        result = run_patch(root, patch)
+        assert result.returncode == 0, f"{patch.name} on top of the earlier ones:\n{result.stdout}{result.stderr}"
+    for name in files:
+        py_compile.compile(str(root / name), doraise=True)
+
+
 def test_the_patches_target_the_installed_verl():
     assert _installed_verl() == VERL_VERSION, (
         f"patches/ is written against verl {VERL_VERSION}, installed is {_installed_verl()}: check "
@@ -237,23 +259,12 @@ def test_each_patch_has_a_header_saying_what_it_lets_verl_tlt_delete(patch):
 @needs_patch
 @pytest.mark.parametrize("patch", PATCH_FILES, ids=lambda p: p.name)
 def test_each_patch_applies_exactly_to_the_installed_verl(patch, tmp_path):
-    files = patched_files(patch)
-    assert files, f"{patch.name} changes no file"
-    pristine_copy(tmp_path, files)
-    result = run_patch(tmp_path, patch, "--dry-run")
-    assert result.returncode == 0, f"{patch.name} does not apply:\n{result.stdout}{result.stderr}"
-    assert "offset" not in result.stdout, f"{patch.name} applies only at other lines:\n{result.stdout}"
+    check_applies_exactly(patch, tmp_path, pristine_copy)
 
 
 @needs_patch
 def test_the_patches_apply_together_in_order_and_leave_valid_python(tmp_path):
-    files = sorted({name for patch in PATCH_FILES for name in patched_files(patch)})
-    pristine_copy(tmp_path, files)
-    for patch in PATCH_FILES:
-        result = run_patch(tmp_path, patch)
-        assert result.returncode == 0, f"{patch.name} on top of the earlier ones:\n{result.stdout}{result.stderr}"
-    for name in files:
-        py_compile.compile(str(tmp_path / name), doraise=True)
+    check_apply_together(PATCH_FILES, tmp_path, pristine_copy)
 
 
 @needs_patch

@@ -13,9 +13,10 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from tests.integrations.verl.test_tlt_e2e import responses_by_step, tlt_metrics  # noqa: E402
 from verl_tlt.integrations.verl.same_samples import SAME_SAMPLES_OVERRIDES  # noqa: E402
 from verl_tlt.quickstart.recipe import toy_grpo_overrides  # noqa: E402
-from verl_tlt.quickstart.verl_job import read_rollouts, run_verl_job  # noqa: E402
+from verl_tlt.quickstart.verl_job import run_verl_job  # noqa: E402
 from verl_tlt.toy.build import build_toy_world  # noqa: E402
 from verl_tlt.toy.sft import ensure_toy_target  # noqa: E402
 
@@ -53,17 +54,6 @@ def run(world, target, out_dir, *, tlt: bool, env=None):
     if tlt:
         overrides += ["tlt.enabled=true", "tlt.drafter.init=target"]
     return run_verl_job(overrides, out_dir, timeout_s=JOB_TIMEOUT_S, entry_module="verl_tlt.main_ppo", env=env)
-
-
-def responses_by_step(result) -> dict[int, list[tuple[str, str]]]:
-    return {
-        m["step"]: sorted((r["input"], r["output"]) for r in read_rollouts(result.rollout_dump_dir, m["step"]))
-        for m in result.metrics
-    }
-
-
-def tlt_metrics(metrics: dict) -> dict[str, float]:
-    return {k: v for k, v in metrics.items() if k.startswith("tlt/")}
 
 
 def test_greedy_rollouts_on_vllm_are_identical_with_tlt_on_and_off(world, target, tmp_path):

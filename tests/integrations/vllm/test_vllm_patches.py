@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
-import py_compile
 import re
 import shutil
 from pathlib import Path
@@ -23,6 +22,8 @@ from tests.integrations.verl.test_patch_symbols import (
     PATCHES,
     SYMBOLS,
     Symbol,
+    check_applies_exactly,
+    check_apply_together,
     needs_patch,
     patched_files,
     resolve,
@@ -168,23 +169,12 @@ def test_each_patch_has_a_header_saying_what_it_is_against_and_lets_verl_tlt_del
 @needs_patch
 @pytest.mark.parametrize("patch", PATCH_FILES, ids=lambda p: p.name)
 def test_each_patch_applies_exactly_to_the_installed_vllm(patch, tmp_path):
-    files = patched_files(patch)
-    assert files, f"{patch.name} changes no file"
-    pristine_copy(tmp_path, files)
-    result = run_patch(tmp_path, patch, "--dry-run")
-    assert result.returncode == 0, f"{patch.name} does not apply:\n{result.stdout}{result.stderr}"
-    assert "offset" not in result.stdout, f"{patch.name} applies only at other lines:\n{result.stdout}"
+    check_applies_exactly(patch, tmp_path, pristine_copy)
 
 
 @needs_patch
 def test_the_patches_apply_together_in_order_and_leave_valid_python(tmp_path):
-    files = sorted({name for patch in PATCH_FILES for name in patched_files(patch)})
-    pristine_copy(tmp_path, files)
-    for patch in PATCH_FILES:
-        result = run_patch(tmp_path, patch)
-        assert result.returncode == 0, f"{patch.name} on top of the earlier ones:\n{result.stdout}{result.stderr}"
-    for name in files:
-        py_compile.compile(str(tmp_path / name), doraise=True)
+    check_apply_together(PATCH_FILES, tmp_path, pristine_copy)
 
 
 # ----- what the patched code does --------------------------------------------------------------------------------
