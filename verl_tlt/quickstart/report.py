@@ -20,6 +20,8 @@ def format_report(summary: dict[str, Any]) -> str:
         lines.append(f"partial run set {list(runs)}: no comparison table or headline (they need {list(COMPARED)})")
         lines += [_run_digest(name, rows) for name, rows in runs.items()]
     lines += ["", *identity_lines(summary.get("identity", {}), control_ran=CONTROL in runs)]
+    if summary.get("identity_note"):
+        lines.append(f"  note: {summary['identity_note']}")
     lines += ["", format_stage_times(summary.get("stage_s", {}))]
     return "\n".join(lines)
 

@@ -163,6 +163,15 @@ def run_comparison(
     )
 
 
+# Why the TLT runs' responses may differ from the baseline's on vLLM, and how to get a token-for-token comparison.
+VLLM_IDENTITY_NOTE = (
+    "on vLLM, sampled speculative decoding keeps the target's distribution but draws other samples than plain "
+    "decoding (its rejection sampler uses the random numbers differently), and vLLM's servers record no weight "
+    "checksums: expect TLT runs to match the baseline token for token only with greedy rollouts "
+    "(--override actor_rollout_ref.rollout.top_k=1)"
+)
+
+
 def build_summary(
     results: dict[str, RunResult],
     stage_s: dict[str, float],
@@ -181,6 +190,7 @@ def build_summary(
         **(headline(runs) if all(name in runs for name in COMPARED) else {}),
         # Per run and step against the baseline: rollout weights bitwise equal? sampled responses equal?
         "identity": identity_by_run(runs, responses),
+        **({"identity_note": VLLM_IDENTITY_NOTE} if rollout == "vllm" else {}),
         "steps_with_baseline_responses": same_responses_steps(responses),
         # Decode ms per committed token by batch-size group (powers of two), plain and speculative steps, over the
         # run's rollouts: whether speculation paid at each batch size. Plain and SD steps of one run ran at the same
