@@ -172,12 +172,12 @@ def test_wrapper_cli_unknown_key_fails_with_clear_message_before_ray(tmp_path):
 
 
 @pytest.mark.slow
-def test_wrapper_cli_enabled_without_the_torch_rollout_fails_before_ray(tmp_path):
+def test_wrapper_cli_enabled_without_a_tlt_rollout_fails_before_ray(tmp_path):
     proc = _run_module(["-m", "verl_tlt.main_ppo", "tlt.enabled=true"], cwd=tmp_path)
     assert proc.returncode != 0
     assert "TLTNotAvailableError" in proc.stderr
-    assert "needs verl-tlt's torch rollout engine, got actor_rollout_ref.rollout.name=<not set>" in proc.stderr
-    assert "Fix: set actor_rollout_ref.rollout.name=torch" in proc.stderr
+    assert "tlt.enabled=true runs on actor_rollout_ref.rollout.name=vllm or torch" in proc.stderr
+    assert "got <not set>" in proc.stderr and "Fix: set actor_rollout_ref.rollout.name=vllm" in proc.stderr
 
 
 # ---------------------------------------------------------------- stock entry point + SearchPathPlugin

@@ -19,6 +19,7 @@ sleep/wake, abort, the HTTP app) is verl's. What it adds:
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import os
 import shutil
@@ -56,6 +57,8 @@ class TLTvLLMHttpServer(vLLMHttpServer):
         self._drafter_version: int | None = None
         self._drafter_dir: Path | None = None
         self._root = drafter_root(self.replica_rank)
+        # The exports can be large for a large target (and live in RAM under /dev/shm): gone with the server.
+        atexit.register(shutil.rmtree, self._root, ignore_errors=True)
 
     # ----- engine start-up ---------------------------------------------------------------------------------------
 
@@ -193,6 +196,8 @@ class TLTvLLMHttpServer(vLLMHttpServer):
         folder.mkdir(exist_ok=True)
         paths = await self.engine.collective_rpc("tlt_save_shared_weights", args=(str(folder),))
         shards = [load_file(path) for path in paths]  # in rank order: vocabulary shards of tensor parallelism
+        for path in paths:  # an embedding can be gigabytes, in RAM under /dev/shm: not kept after reading
+            os.unlink(path)
         vocab = self.model_config.hf_config.vocab_size
         return {name: torch.cat([shard[name] for shard in shards], dim=0)[:vocab].clone() for name in shards[0]}
 
