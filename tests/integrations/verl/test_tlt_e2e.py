@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 ENTRY = "verl_tlt.main_ppo"
 JOB_TIMEOUT_S = 420
+NO_PLAIN_ARM = 1000  # above any threshold: every bucket's arms are SD strategies only
 DENSE_REWARD = str(Path(__file__).with_name("dense_reward.py"))
 
 
@@ -70,7 +71,9 @@ def overrides(
     if greedy:
         result.append("actor_rollout_ref.rollout.top_k=1")
     if tlt:
-        result += ["tlt.enabled=true", "tlt.drafter.init=target"]
+        # No plain arm below the threshold: the drafter from the target rarely pays, and a policy that learned so
+        # within a step may skip speculation for a whole short rollout (no probe landed), leaving no SD to check.
+        result += ["tlt.enabled=true", "tlt.drafter.init=target", f"tlt.speculative.plain_arm_min_batch={NO_PLAIN_ARM}"]
     return result + list(extra)
 
 

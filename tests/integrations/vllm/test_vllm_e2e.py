@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from tests.integrations.verl.test_tlt_e2e import responses_by_step, tlt_metrics  # noqa: E402
+from tests.integrations.verl.test_tlt_e2e import NO_PLAIN_ARM, responses_by_step, tlt_metrics  # noqa: E402
 from verl_tlt.integrations.verl.same_samples import SAME_SAMPLES_OVERRIDES  # noqa: E402
 from verl_tlt.quickstart.recipe import toy_grpo_overrides  # noqa: E402
 from verl_tlt.quickstart.verl_job import run_verl_job  # noqa: E402
@@ -52,7 +52,12 @@ def run(world, target, out_dir, *, tlt: bool, env=None):
     overrides += ["algorithm.adv_estimator=reinforce_plus_plus", "actor_rollout_ref.rollout.top_k=1"]
     overrides += list(SAME_SAMPLES_OVERRIDES)
     if tlt:
-        overrides += ["tlt.enabled=true", "tlt.drafter.init=target"]
+        # As in the torch engine's e2e tests: no plain arm below the threshold, so every step has SD to check.
+        overrides += [
+            "tlt.enabled=true",
+            "tlt.drafter.init=target",
+            f"tlt.speculative.plain_arm_min_batch={NO_PLAIN_ARM}",
+        ]
     return run_verl_job(overrides, out_dir, timeout_s=JOB_TIMEOUT_S, entry_module="verl_tlt.main_ppo", env=env)
 
 
