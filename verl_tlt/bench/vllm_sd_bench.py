@@ -21,15 +21,11 @@ Must run under ``if __name__ == "__main__"`` (vLLM spawns its engine core); the 
 from __future__ import annotations
 
 from verl_tlt.config import SpeculativeConfig
+from verl_tlt.engine.decode_stats import overall_acceptance
 from verl_tlt.files import write_json
 from verl_tlt.progress import Progress
 
 PROBLEM_SEED = 777  # different from the drafter's warm-up problems
-
-
-def _acceptance(stats: dict) -> float:
-    rows = sum(stats["sd_rows_by_strategy"].values())
-    return sum(stats["sd_tokens_by_strategy"].values()) / rows if rows else float("nan")
 
 
 def bench_batch(plain, sd, rounds: list[list[list[int]]], max_tokens: int, progress: Progress, label: str) -> dict:
@@ -52,7 +48,7 @@ def bench_batch(plain, sd, rounds: list[list[list[int]]], max_tokens: int, progr
         "plain_tokens_per_s": round(plain_tokens / plain_s, 1),
         "sd_tokens_per_s": round(sd_tokens / sd_s, 1),
         "speedup": round((sd_tokens / sd_s) / (plain_tokens / plain_s), 3),
-        "acceptance_length": round(_acceptance(stats), 3),
+        "acceptance_length": round(overall_acceptance(stats), 3),
         "sd_step_share": round(stats["sd_step_share"], 3),
         "greedy_identical": identical,
     }

@@ -81,6 +81,13 @@ def strategy_acceptance(stats: list[dict]) -> dict[str, float]:
     return {name: tokens[name] / count for name, count in rows.items() if count}
 
 
+def overall_acceptance(stats: dict) -> float:
+    """Acceptance length over every strategy of one `DecodeStats.as_dict()`: committed tokens / verified rows (nan
+    when nothing was verified)."""
+    rows = sum(stats["sd_rows_by_strategy"].values())
+    return sum(stats["sd_tokens_by_strategy"].values()) / rows if rows else float("nan")
+
+
 def batch_group(batch_size: int) -> int:
     """The power of two at or below batch_size: the batch-size groups decode costs are reported by."""
     if batch_size < 1:

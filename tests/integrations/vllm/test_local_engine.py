@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from verl_tlt.config import SpeculativeConfig  # noqa: E402
+from verl_tlt.engine.decode_stats import overall_acceptance as acceptance  # noqa: E402
 from verl_tlt.integrations.verl.tlt_runtime import rollout_metrics  # noqa: E402
 from verl_tlt.toy.drafter import ensure_toy_drafter, toy_prompts  # noqa: E402
 from verl_tlt.toy.sft import ensure_toy_target  # noqa: E402
@@ -34,11 +35,6 @@ def chi_square_p_value(rows: list[list[int]]) -> float:
     statistic = ((table - expected) ** 2 / expected).sum()
     dof = (table.shape[0] - 1) * (table.shape[1] - 1)
     return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), statistic / 2))
-
-
-def acceptance(stats: dict) -> float:
-    rows = sum(stats["sd_rows_by_strategy"].values())
-    return sum(stats["sd_tokens_by_strategy"].values()) / rows if rows else float("nan")
 
 
 @pytest.fixture(scope="module")

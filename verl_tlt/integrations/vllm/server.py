@@ -146,9 +146,10 @@ class TLTvLLMHttpServer(vLLMHttpServer):
     def _close_rollout(self, validation: bool) -> None:
         self.trace.sd_totals = self.counter.take_totals()
         record = self.trace.close({"drafter_version": self._drafter_version}, validation=validation)
-        if record is not None:
-            record.pop("engine_busy_s", None)  # vLLM does not report its step times: no number rather than a 0
-        if record is not None and not validation:
+        if record is None:
+            return
+        record.pop("engine_busy_s", None)  # vLLM does not report its step times: no number rather than a 0
+        if not validation:
             self.last_rollout = record
 
     def end_validation(self) -> None:

@@ -40,14 +40,14 @@ class TLTWorkerExtension(vLLMColocateWorkerExtension):
         tensors = {name: t for name, t in read_drafter_tensors(path).items() if name.startswith(DRAFTER_OWN_PREFIXES)}
         if not tensors:
             raise ValueError(f"drafter version {version} at {path} has no fc.* / layers.* tensors")
-        previous = self._tlt_snapshot
+        previous = getattr(self, "_tlt_snapshot", None)
         try:
             _load(model, tensors)
         except Exception:
             if previous is not None:  # put back what a partial load overwrote
                 _load(model, previous)
             raise
-        self._tlt_snapshot = {name: t.clone() for name, t in tensors.items()}
+        self._tlt_snapshot = tensors  # read fresh from the file; `_load` hands vLLM copies, so this stays intact
         self._tlt_version = version
         return {"version": version, "loaded": len(tensors), "rank": getattr(self, "rank", 0)}
 
@@ -69,14 +69,6 @@ class TLTWorkerExtension(vLLMColocateWorkerExtension):
         return getattr(self, "_tlt_version", None)
 
     # ----- internals -------------------------------------------------------------------------------------------
-
-    @property
-    def _tlt_snapshot(self) -> dict[str, torch.Tensor] | None:
-        return self.__dict__.get("_tlt_snapshot_tensors")
-
-    @_tlt_snapshot.setter
-    def _tlt_snapshot(self, value: dict[str, torch.Tensor] | None) -> None:
-        self.__dict__["_tlt_snapshot_tensors"] = value
 
     def _tlt_draft_model(self) -> torch.nn.Module:
         """The running drafter module, found by feature (vLLM 0.26+ API, the V1 runner's field, Model Runner V2)."""
@@ -101,8 +93,9 @@ class TLTWorkerExtension(vLLMColocateWorkerExtension):
 
         def wake_up_and_restore(tags: list[str] | None = None) -> Any:
             result = wake_up(tags)
-            if (tags is None or "weights" in tags) and self._tlt_snapshot is not None:
-                _load(self._tlt_draft_model(), self._tlt_snapshot)
+            snapshot = getattr(self, "_tlt_snapshot", None)
+            if (tags is None or "weights" in tags) and snapshot is not None:
+                _load(self._tlt_draft_model(), snapshot)
                 logger.info("TLT: drafter version %s restored after wake-up", self.tlt_drafter_version())
             return result
 
