@@ -92,6 +92,36 @@ class SpeculativeConfig:
         default=4, metadata={"help": "Decode steps between switches of plain <-> speculative (hysteresis)."}
     )
     seed: int = field(default=0, metadata={"help": "Seed of the bandits' exploration."})
+    group_drafts: bool = field(
+        default=False,
+        metadata={
+            "help": "Also draft without a model, from the text of each request's GRPO group: its own tokens, its "
+            "siblings' answers (finished and in progress) and the prompt's answers from earlier steps. Adds "
+            "group_strategies as arms of every bucket, so the bandit learns when they pay (torch rollout only)."
+        },
+    )
+    group_strategies: tuple[str, ...] = field(
+        default=("suffix:8_1_8", "mixed:4_1_4"),
+        metadata={
+            "help": "Arms added by group_drafts, source:depth_topk_treetokens. suffix: drafts from the group's text "
+            "only (no drafter compute; top-k > 1 proposes the most frequent continuations as a tree); mixed (chains): "
+            "suffix drafts where a row's match is long enough, continued (or replaced) by the drafter."
+        },
+    )
+    suffix_min_match: int = field(
+        default=3,
+        metadata={
+            "help": "Shortest suffix of a request's tokens that must occur in its group's text for a suffix draft; "
+            "mixed drafts use the drafter for rows with a shorter match."
+        },
+    )
+    suffix_history_tokens: int = field(
+        default=1_000_000,
+        metadata={
+            "help": "Tokens of earlier answers kept per rollout engine, by prompt, as drafts for the prompt's next "
+            "groups (oldest evicted; 0 = siblings only)."
+        },
+    )
 
     def __post_init__(self) -> None:
         path = f"{ROOT_KEY}.speculative"
@@ -126,6 +156,40 @@ class SpeculativeConfig:
                 SpecStrategy.parse(name)
             except ValueError as error:
                 raise ValueError(f"{path}.strategies: {name!r} is not a usable strategy: {error}") from error
+        self._check_group_drafts(path)
+
+    def _check_group_drafts(self, path: str) -> None:
+        from verl_tlt.spec.strategy import EAGLE, SpecStrategy
+
+        if self.suffix_min_match < 1:
+            raise ValueError(
+                f"{path}.suffix_min_match must be >= 1, got {self.suffix_min_match}; e.g. {path}.suffix_min_match=3"
+            )
+        if self.suffix_history_tokens < 0:
+            raise ValueError(
+                f"{path}.suffix_history_tokens must be >= 0 (0 = siblings only), got {self.suffix_history_tokens}"
+            )
+        for name in self.group_strategies:
+            try:
+                strategy = SpecStrategy.parse(name)
+            except ValueError as error:
+                raise ValueError(f"{path}.group_strategies: {name!r} is not a usable strategy: {error}") from error
+            if strategy.source == EAGLE:
+                raise ValueError(
+                    f"{path}.group_strategies: {name!r} drafts with the drafter; group strategies name their source, "
+                    f"e.g. 'suffix:{name}' or 'mixed:{name}' (drafter strategies belong in {path}.strategies)"
+                )
+        if self.group_drafts and not self.group_strategies:
+            raise ValueError(
+                f"{path}.group_drafts=true needs at least one of {path}.group_strategies, got none; e.g. "
+                f"{path}.group_strategies='[\"suffix:8_1_8\"]'"
+            )
+
+    @property
+    def arm_strategies(self) -> tuple[str, ...]:
+        """The strategies the adaptive policy plays: the drafter's, then the group strategies when group_drafts is
+        on."""
+        return tuple(self.strategies) + (tuple(self.group_strategies) if self.group_drafts else ())
 
 
 @dataclass(frozen=True)

@@ -114,10 +114,10 @@ class AdaptivePolicy:
     def __init__(self, config: SpeculativeConfig | None = None):
         """config: the `tlt.speculative` block itself (one dataclass, one set of defaults, checked when built)."""
         self.config = config or SpeculativeConfig()
-        self.strategies = {name: SpecStrategy.parse(name) for name in self.config.strategies}
+        self.strategies = {name: SpecStrategy.parse(name) for name in self.config.arm_strategies}
         self.arms: dict[int, dict[str, _Arm]] = {}
         for lower in self.config.buckets:
-            names = list(self.config.strategies)
+            names = list(self.config.arm_strategies)
             if lower >= self.config.plain_arm_min_batch:
                 names.append(PLAIN)
             self.arms[lower] = {name: _Arm(deque(maxlen=self.config.window)) for name in names}

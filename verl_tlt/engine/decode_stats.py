@@ -24,6 +24,9 @@ class DecodeStats:
     # can be compared at one strategy whatever mix of strategies a policy chose
     sd_rows_by_strategy: Counter = field(default_factory=Counter)
     sd_tokens_by_strategy: Counter = field(default_factory=Counter)
+    # draft source ('eagle', 'suffix') -> draft tokens verified, and draft tokens accepted (each a target step saved)
+    drafted_by_source: Counter = field(default_factory=Counter)
+    accepted_by_source: Counter = field(default_factory=Counter)
 
     def record(self, strategy: SpecStrategy | None, batch_size: int, tokens: int, seconds: float, policy=None) -> None:
         if strategy is None:
@@ -39,6 +42,11 @@ class DecodeStats:
         bucket = policy.bucket_of(batch_size) if policy is not None else None
         label = f"bs>={bucket}" if bucket is not None else ("above_threshold" if policy is not None else "all")
         self.strategy_histogram[label]["plain" if strategy is None else strategy.name] += 1
+
+    def record_sources(self, drafted: dict[str, int], accepted: dict[str, int]) -> None:
+        """One speculative step's draft tokens verified and accepted per source (speculative.draft_sources)."""
+        self.drafted_by_source.update(drafted)
+        self.accepted_by_source.update(accepted)
 
     @property
     def sd_step_share(self) -> float:
@@ -64,6 +72,8 @@ class DecodeStats:
             "strategy_histogram": {k: dict(v) for k, v in self.strategy_histogram.items()},
             "sd_rows_by_strategy": dict(self.sd_rows_by_strategy),
             "sd_tokens_by_strategy": dict(self.sd_tokens_by_strategy),
+            "drafted_by_source": dict(self.drafted_by_source),
+            "accepted_by_source": dict(self.accepted_by_source),
         }
 
     def acceptance_by_strategy(self) -> dict[str, float]:

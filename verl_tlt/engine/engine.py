@@ -13,7 +13,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -23,17 +23,24 @@ from verl_tlt.engine.compiled_forward import CompiledForward
 from verl_tlt.engine.cuda_graphs import StepGraphPool, graph_batch_buckets
 from verl_tlt.engine.decode_stats import DecodeCosts, DecodeStats
 from verl_tlt.engine.drafter import Drafter
+from verl_tlt.engine.group_drafts import GroupDraftError, GroupDrafts
 from verl_tlt.engine.kv_cache import SlotKVCache
 from verl_tlt.engine.request import CompletionOutput, Request
 from verl_tlt.engine.sampler import params_tensors, sample_tokens
 from verl_tlt.engine.sampling_params import LOGPROBS_MODES, SamplingParams
-from verl_tlt.engine.speculative import accepted_path_moves, draft_trees, tree_forward_layout
+from verl_tlt.engine.speculative import (
+    accepted_path_moves,
+    draft_sources,
+    draft_trees,
+    group_draft_trees,
+    tree_forward_layout,
+)
 from verl_tlt.modeling.model import AttentionBatch, CausalLM
 from verl_tlt.modeling.weights import load_pretrained, load_weights, read_eos_token_ids
 from verl_tlt.progress import Progress
 from verl_tlt.spec.keyed_noise import gumbel_noise, request_key
 from verl_tlt.spec.logits import LogitsParams, token_log_probs
-from verl_tlt.spec.strategy import SpecStrategy
+from verl_tlt.spec.strategy import EAGLE, SpecStrategy
 from verl_tlt.spec.verify import emitted_positions, verify_keyed, verify_tree
 
 logger = logging.getLogger(__name__)
@@ -60,6 +67,9 @@ class RolloutEngine:
         drafter's top-k), and verification accepts a draft exactly when it is the target's draw.
         "rejection": standard speculative sampling (drafts sampled from the drafter, recursive rejection sampling
         against the target): the same distribution, with draws that depend on the steps' strategies.
+    group_drafts: model-free drafts from each request's group (engine.group_drafts), for strategies whose source is
+        suffix or mixed; made with defaults when such a strategy is first asked for. Requests join a group through
+        `add_request(..., group=key)` or `generate(..., groups=[...])`.
     """
 
     def __init__(
@@ -78,6 +88,7 @@ class RolloutEngine:
         compile: bool = False,
         cuda_graphs: bool = False,
         sampling: str = "keyed",
+        group_drafts: GroupDrafts | None = None,
     ):
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
@@ -122,6 +133,9 @@ class RolloutEngine:
         self.drafter: Drafter | None = None
         self.drafter_error: str | None = None  # set when the drafter failed; speculation stays off until reset
         self.set_drafter(drafter)
+        # Indexes requests from their admission on; None until group drafts are wanted (it costs Python per token).
+        self.group_drafts = group_drafts
+        self.group_drafts_error: str | None = None  # set when group drafting failed; it stays off from then on
         # Chooses plain or SD per decode step when generate/step get no explicit strategy (needs a drafter).
         self.policy = policy  # validated by the setter below
         self.stats = DecodeStats()
@@ -176,13 +190,33 @@ class RolloutEngine:
                 self._check_strategy(strategy, needs_drafter=False)
         self._policy = policy
 
+    def _ensure_group_drafts(self) -> None:
+        if self.group_drafts is None:
+            if self.running:  # requests admitted before this have no documents: they draft nothing
+                logger.warning("Group drafts start with %d requests running; those draft nothing", len(self.running))
+            self.group_drafts = GroupDrafts()
+
     # ----- requests -----------------------------------------------------------------------------------------
 
-    def add_request(self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None = None) -> str:
+    def add_request(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        group: Hashable | None = None,
+    ) -> str:
+        """Queue a request. group: a key shared by requests whose answers draft for each other (one GRPO prompt's
+        samples); None drafts (suffix and mixed strategies) from the request's own tokens only."""
         self._check_prompt(prompt_ids)
-        return self._enqueue(prompt_ids, params, request_id)
+        return self._enqueue(prompt_ids, params, request_id, group)
 
-    def _enqueue(self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None = None) -> str:
+    def _enqueue(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        group: Hashable | None = None,
+    ) -> str:
         """Queue a prompt that `_check_prompt` has passed."""
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         generator = None
@@ -190,6 +224,7 @@ class RolloutEngine:
             generator = torch.Generator(device=self.device).manual_seed(params.seed)
         request = Request(request_id, [int(t) for t in prompt_ids], params, generator, self.max_model_len)
         request.stop_ids = self._stop_ids(params)
+        request.group = group
         with self._lock:
             if self.keyed_sampling:  # drawn under the lock: keys follow the order requests arrive in
                 seed = params.seed
@@ -249,9 +284,11 @@ class RolloutEngine:
         params: SamplingParams | Sequence[SamplingParams],
         strategy: SpecStrategy | str | None = None,
         progress: Progress | None = None,
+        groups: Sequence[Hashable | None] | None = None,
     ) -> list[CompletionOutput]:
         """Generate completions for a list of token-id prompts; outputs are in prompt order.
 
+        groups: a group key per prompt (see add_request), or None for none.
         strategy: speculative strategy for every decode step (needs a drafter), or None for plain decoding.
         progress: told the number of finished requests after every step (for long untimed generations; a timed
         call leaves it out).
@@ -260,9 +297,12 @@ class RolloutEngine:
         params_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if len(params_list) != len(prompts):
             raise ValueError(f"Got {len(prompts)} prompts but {len(params_list)} SamplingParams")
+        groups = [None] * len(prompts) if groups is None else list(groups)
+        if len(groups) != len(prompts):
+            raise ValueError(f"Got {len(prompts)} prompts but {len(groups)} groups")
         for prompt in prompts:  # all checked before any is queued: a bad one must not leave the others behind
             self._check_prompt(prompt)
-        ids = [self._enqueue(p, sp) for p, sp in zip(prompts, params_list, strict=True)]
+        ids = [self._enqueue(p, sp, None, g) for p, sp, g in zip(prompts, params_list, groups, strict=True)]
         done: dict[str, CompletionOutput] = {}
         while len(done) < len(ids):
             for output in self.step(spec):
@@ -285,6 +325,8 @@ class RolloutEngine:
         self.running, self.cache_lens = [], []
         if self.drafter is not None:
             self.drafter.reset()
+        if self.group_drafts is not None:
+            self.group_drafts.reset()
 
     def release_cache(self) -> None:
         if self.running or self.waiting:
@@ -349,6 +391,8 @@ class RolloutEngine:
         self.running.extend(requests)
         self.cache_lens.extend(lengths)
         self._emit(requests, logits)
+        if self.group_drafts is not None:
+            self.group_drafts.admit(requests)
 
     def _decode(self) -> None:
         lens = torch.tensor(self.cache_lens, device=self.device)  # [B]
@@ -369,9 +413,11 @@ class RolloutEngine:
     def _decode_step(self, forced: SpecStrategy | None) -> None:
         """One decode step, plain or speculative; the adaptive policy (if any) chooses and learns."""
         batch_size = len(self.running)
-        can_speculate = self.drafter is not None and self.drafter_error is None
+        can_speculate = self._can_draft_with_drafter or self._can_draft_from_groups
         asks_policy = forced is None and self.policy is not None and can_speculate
-        strategy = self.policy.select(batch_size) if asks_policy else (forced if can_speculate else None)
+        strategy = self.policy.select(batch_size) if asks_policy else forced
+        if strategy is not None and not self._can_draft(strategy):
+            strategy = None  # its source failed earlier: plain decoding (the policy learns the plain step's rate)
         before = sum(len(r.output_ids) for r in self.running)
         start = time.perf_counter()
         if strategy is not None and not self._decode_speculative(strategy):
@@ -395,11 +441,19 @@ class RolloutEngine:
         params = self._logits_params(requests)
         noise = self._keyed_noise(requests, params, strategy.depth + 1, self.model.spec.vocab_size)
         try:
-            tree = draft_trees(self.drafter, requests, strategy, params, self.generator, self.device, noise)
+            if strategy.source == EAGLE:
+                tree = draft_trees(self.drafter, requests, strategy, params, self.generator, self.device, noise)
+                group_levels = None
+            else:
+                tree, group_levels = group_draft_trees(
+                    self.group_drafts, self.drafter, requests, strategy, params, self.generator, self.device, noise
+                )
         except Exception as error:
-            logger.exception("Drafter failed; this engine decodes plainly until a drafter is set again")
-            self._disable_drafter(error)
+            self._disable_source(strategy, error)
             return False
+        if tree is None:  # no row's group had a match: nothing to verify, a plain step (judged as the strategy's)
+            self._decode()
+            return True
         lens = torch.tensor(self.cache_lens, device=self.device)
         self.cache.ensure_capacity(len(requests), max(self.cache_lens) + tree.num_nodes)
         positions, write_pos, mask = tree_forward_layout(tree, lens)
@@ -417,6 +471,7 @@ class RolloutEngine:
         rows, nodes, tokens = emitted_positions(results, logits.device)
         source = logits if self.raw_logprobs else processed
         log_probs = token_log_probs(source[rows, nodes], tokens).tolist()
+        self.stats.record_sources(*draft_sources(strategy, tree, results, group_levels))
         offset = 0
         for row, (request, result) in enumerate(zip(requests, results, strict=True)):
             self._commit(request, result.tokens, log_probs[offset : offset + len(result.tokens)])
@@ -429,6 +484,32 @@ class RolloutEngine:
             if self._records_hidden:
                 request.pending_hidden.append(hidden[row, result.path])
         return True
+
+    def _disable_source(self, strategy: SpecStrategy, error: Exception) -> None:
+        """A draft source failed: it stays off (the drafter until `set_drafter`, group drafts for good) and the step
+        decodes plainly. A mixed step's failure is the drafter's unless the group drafts raised it."""
+        if strategy.uses_drafter and not isinstance(error, GroupDraftError):
+            logger.exception("Drafter failed; this engine decodes plainly until a drafter is set again")
+            self._disable_drafter(error)
+        else:
+            logger.exception("Group drafts failed; this engine drafts from groups no more")
+            self.group_drafts_error = f"{type(error).__name__}: {error}"
+            self.stats.drafter_failures += 1
+
+    @property
+    def _can_draft_with_drafter(self) -> bool:
+        return self.drafter is not None and self.drafter_error is None
+
+    @property
+    def _can_draft_from_groups(self) -> bool:
+        return self.group_drafts is not None and self.group_drafts_error is None
+
+    def _can_draft(self, strategy: SpecStrategy) -> bool:
+        if strategy.source == EAGLE:
+            return self._can_draft_with_drafter
+        if strategy.uses_drafter:  # mixed
+            return self._can_draft_with_drafter and self._can_draft_from_groups
+        return self._can_draft_from_groups
 
     def _disable_drafter(self, error: Exception) -> None:
         self.drafter_error = f"{type(error).__name__}: {error}"
@@ -447,7 +528,9 @@ class RolloutEngine:
         if strategy is None:
             return None
         spec = SpecStrategy.parse(strategy)
-        if needs_drafter and self.drafter is None:
+        if spec.uses_group_drafts:
+            self._ensure_group_drafts()
+        if needs_drafter and spec.uses_drafter and self.drafter is None:
             raise ValueError(
                 f"Speculative strategy {spec.name!r} needs a drafter: pass drafter=... to RolloutEngine(...) or "
                 "RolloutEngine.from_pretrained(...), or call engine.set_drafter(...)"
@@ -545,6 +628,8 @@ class RolloutEngine:
                 row += 1
                 continue
             outputs.append(request.to_output())
+            if self.group_drafts is not None:
+                self.group_drafts.retire(request)
             last = len(self.running) - 1
             if row != last:
                 self.cache.move_slot(last, row, self.cache_lens[last])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 import torch
@@ -50,6 +51,10 @@ class Request:
     pending_hidden: list[torch.Tensor] = field(default_factory=list)
     # Keyed sampling: the key of this request's Gumbel noise (spec.keyed_noise.request_key), set when it is queued.
     noise_key: int = 0
+    # Group drafts: the caller's group key (requests sharing it are siblings, e.g. one GRPO prompt's samples; None =
+    # its own group), and the request's document in its group's suffix index (engine.group_drafts), once admitted.
+    group: Hashable | None = None
+    draft_doc: int | None = None
 
     @property
     def num_tokens(self) -> int:

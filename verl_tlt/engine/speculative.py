@@ -11,9 +11,11 @@ from __future__ import annotations
 import torch
 
 from verl_tlt.engine.drafter import DraftContext, Drafter
+from verl_tlt.engine.group_drafts import GroupDrafts
 from verl_tlt.engine.request import Request
 from verl_tlt.spec.logits import LogitsParams
-from verl_tlt.spec.strategy import SpecStrategy
+from verl_tlt.spec.strategy import EAGLE, MIXED, SUFFIX, SpecStrategy
+from verl_tlt.spec.suffix_trees import chain_from_proposals, proposal_chain_tokens, tree_from_proposals
 from verl_tlt.spec.tree import DraftTree, build_chain, build_eagle2_tree, tree_attention_mask
 from verl_tlt.spec.verify import VerifyResult
 
@@ -26,8 +28,11 @@ def draft_trees(
     default_generator: torch.Generator,
     device: torch.device,
     noise: torch.Tensor | None = None,
+    forced: torch.Tensor | None = None,
 ) -> DraftTree:
     """Sync the drafter with every running row and build one draft tree per row.
+
+    forced: [B, depth] tokens that replace the drafter's at chain levels where >= 0 (mixed drafts; see build_chain).
 
     noise: keyed Gumbel noise [B, depth + 1, V] of the row's next positions (keyed sampling), or None; a chain
     then drafts position d as argmax(processed draft logits + noise[:, d]), the draw the target makes there if the
@@ -50,6 +55,7 @@ def draft_trees(
             generators,
             default_generator,
             noise=noise,
+            forced=forced,
         )
     return build_eagle2_tree(root_tokens, root_logits, drafter.expand, params, strategy)
 
@@ -91,3 +97,71 @@ def accepted_path_moves(
     if not rows:
         return None
     return tuple(torch.tensor(values, device=device) for values in (rows, src, dst))
+
+
+def group_draft_trees(
+    group_drafts: GroupDrafts,
+    drafter: Drafter | None,
+    requests: list[Request],
+    strategy: SpecStrategy,
+    params: LogitsParams,
+    default_generator: torch.Generator,
+    device: torch.device,
+    noise: torch.Tensor | None = None,
+) -> tuple[DraftTree | None, list[int] | None]:
+    """Draft trees of a SUFFIX or MIXED strategy, and how many leading levels of each row the group's text drafted.
+
+    suffix: the group drafts only (a chain as deep as the longest proposal, or a padded tree); (None, None) when no
+    row has one. mixed (chains): rows whose group has a match take its tokens, and the drafter drafts every other
+    level (rows without a match, and the levels after a short match); the drafter is not run at all when every row's
+    match fills the chain. The level counts are None for trees, where every proposed node is a group draft.
+    """
+    proposals = group_drafts.propose(requests, strategy)
+    root_tokens = torch.tensor([r.last_token_id for r in requests], device=device)
+    if strategy.source == SUFFIX and not strategy.is_chain:
+        return tree_from_proposals(root_tokens, proposals), None
+    chains = proposal_chain_tokens(proposals, strategy.depth)
+    levels = [len(chain) for chain in chains]
+    if strategy.source == SUFFIX or min(levels) == strategy.depth:
+        return chain_from_proposals(root_tokens, chains), levels
+    if strategy.source != MIXED or drafter is None:
+        raise ValueError(f"Strategy {strategy.name!r} needs a drafter for the rows its group drafts do not fill")
+    forced = torch.full((len(requests), strategy.depth), -1, dtype=torch.long)
+    for row, chain in enumerate(chains):
+        forced[row, : len(chain)] = torch.tensor(chain, dtype=torch.long)
+    tree = draft_trees(drafter, requests, strategy, params, default_generator, device, noise, forced.to(device))
+    return tree, levels
+
+
+def draft_sources(
+    strategy: SpecStrategy, tree: DraftTree, results: list[VerifyResult], group_levels: list[int] | None
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Draft tokens verified and accepted per source ('eagle', 'suffix') in one step, for the per-source metrics.
+
+    group_levels: leading chain levels per row drafted from the group (group_draft_trees); None for the drafter's own
+    trees (every node its) and for suffix trees (every node the group's). Padding of short suffix drafts is not
+    counted as drafted (an accepted padding token is counted as accepted: it was verified and kept like a draft).
+    """
+    drafted: dict[str, int] = {}
+    accepted: dict[str, int] = {}
+
+    def add(source: str, num_drafted: int, num_accepted: int) -> None:
+        drafted[source] = drafted.get(source, 0) + num_drafted
+        accepted[source] = accepted.get(source, 0) + num_accepted
+
+    num_nodes = tree.num_nodes - 1
+    for row, result in enumerate(results):
+        if strategy.source == EAGLE:
+            add(EAGLE, num_nodes, result.num_accepted)
+        elif group_levels is None:  # a suffix tree
+            add(SUFFIX, num_nodes, result.num_accepted)
+        else:
+            from_group = group_levels[row]
+            add(
+                SUFFIX,
+                from_group,
+                min(result.num_accepted, from_group) if strategy.source == MIXED else result.num_accepted,
+            )
+            if strategy.source == MIXED:
+                add(EAGLE, num_nodes - from_group, max(result.num_accepted - from_group, 0))
+    return drafted, accepted

@@ -66,12 +66,16 @@ def build_chain(
     generators: list[torch.Generator | None],
     default_generator: torch.Generator | None = None,
     noise: torch.Tensor | None = None,
+    forced: torch.Tensor | None = None,
 ) -> DraftTree:
     """Draft `depth` tokens per row: argmax for greedy rows, else a sample from the processed draft distribution.
 
     With `noise` [B, >= depth, V] (keyed Gumbel noise, zero on greedy rows; see keyed_noise) draft d is
     argmax(processed draft logits + noise[:, d - 1]), the drafter's own draw with the noise of the position it
     guesses, and the chain has no draft_probs: keyed verification compares draws and never reads q.
+
+    With `forced` [B, depth] long, level d of a row takes forced[:, d - 1] where that is >= 0 instead of the drafter's
+    token (a model-free draft the drafter then continues); it is a point mass, so its draft distribution is one-hot.
 
     Args:
         root_tokens: [B] last committed token per row. root_logits: [B, V] raw draft logits after it.
@@ -101,6 +105,12 @@ def build_chain(
                 sampled_rows, generators, default_generator, multinomial_rows(draft_probs[sampled])
             )
             probs.append(draft_probs)
+        if forced is not None:
+            taken = forced[:, level - 1] >= 0  # [B]
+            drafted = torch.where(taken, forced[:, level - 1], drafted)
+            if probs and not (all_greedy or keyed):
+                one_hot = torch.nn.functional.one_hot(drafted, probs[-1].shape[-1]).to(probs[-1].dtype)
+                probs[-1] = torch.where(taken.unsqueeze(-1), one_hot, probs[-1])
         tokens.append(drafted)
         if level < depth:
             logits = extend(level, drafted)
