@@ -251,9 +251,31 @@ def test_rollout_metrics_from_records_and_sd_stats():
             "tlt/sd/strategy/4_1_4": 0.1,  # 1 + 1 over both buckets
             "tlt/sd/strategy_acceptance/8_4_16": 5.0,  # 20 tokens committed by 4 verified rows
             "tlt/sd/strategy_acceptance/4_1_4": 2.5,  # (6 + 4) / (3 + 1), over both replicas
+            "tlt/sd/source/eagle/acceptance_length": 3.75,  # every strategy drafts with the drafter: 30 / 8
         },
         abs=1e-12,
     )
+
+
+def test_group_draft_strategies_and_sources_get_metric_keys_without_colons():
+    stats = [
+        {
+            "steps_sd": 2,
+            "strategy_histogram": {"1": {"suffix:8_1_8": 1, "mixed:4_1_4": 1}},
+            "sd_rows_by_strategy": {"suffix:8_1_8": 2, "mixed:4_1_4": 1},
+            "sd_tokens_by_strategy": {"suffix:8_1_8": 14, "mixed:4_1_4": 4},
+            "drafted_by_source": {"suffix": 18, "eagle": 2},
+            "accepted_by_source": {"suffix": 12, "eagle": 1},
+        }
+    ]
+    metrics = rollout_metrics([], stats)
+    assert all(":" not in key for key in metrics)
+    assert metrics["tlt/sd/strategy/suffix/8_1_8"] == 0.5
+    assert metrics["tlt/sd/strategy_acceptance/suffix/8_1_8"] == 7.0
+    assert metrics["tlt/sd/source/suffix/draft_share"] == pytest.approx(0.9)
+    assert metrics["tlt/sd/source/suffix/accept_rate"] == pytest.approx(12 / 18)
+    assert metrics["tlt/sd/source/eagle/tokens_saved"] == 1.0
+    assert metrics["tlt/sd/source/mixed/acceptance_length"] == 4.0
 
 
 def test_overrun_is_how_long_training_ran_past_the_last_response():

@@ -91,6 +91,39 @@ def strategy_acceptance(stats: list[dict]) -> dict[str, float]:
     return {name: tokens[name] / count for name, count in rows.items() if count}
 
 
+def source_metrics(stats: list[dict]) -> dict[str, float]:
+    """Per draft source over several engines' `DecodeStats.as_dict()`, keyed '<source>/<name>':
+
+    draft_share (of all draft tokens verified), accept_rate (its draft tokens accepted), tokens_saved (accepted draft
+    tokens: target forwards saved) for the sources that draft ('eagle', 'suffix'; a mixed step counts each level under
+    the source that drafted it), and acceptance_length per arm source ('eagle', 'suffix', 'mixed': committed tokens per
+    verified row of the strategies with that source)."""
+    from verl_tlt.spec.strategy import SpecStrategy
+
+    drafted: Counter = Counter()
+    accepted: Counter = Counter()
+    for entry in stats:
+        drafted.update(entry.get("drafted_by_source") or {})
+        accepted.update(entry.get("accepted_by_source") or {})
+    total = sum(drafted.values())
+    metrics = {}
+    for source, count in sorted(drafted.items()):
+        metrics[f"{source}/draft_share"] = count / total if total else 0.0
+        metrics[f"{source}/accept_rate"] = accepted[source] / count if count else 0.0
+        metrics[f"{source}/tokens_saved"] = float(accepted[source])
+    rows: Counter = Counter()
+    tokens: Counter = Counter()
+    for entry in stats:
+        for name, count in (entry.get("sd_rows_by_strategy") or {}).items():
+            source = SpecStrategy.parse(name).source
+            rows[source] += count
+            tokens[source] += (entry.get("sd_tokens_by_strategy") or {}).get(name, 0)
+    for source, count in sorted(rows.items()):
+        if count:
+            metrics[f"{source}/acceptance_length"] = tokens[source] / count
+    return metrics
+
+
 def overall_acceptance(stats: dict) -> float:
     """Acceptance length over every strategy of one `DecodeStats.as_dict()`: committed tokens / verified rows (nan
     when nothing was verified)."""

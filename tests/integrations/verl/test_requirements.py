@@ -138,3 +138,22 @@ def test_requirements_module_imports_no_framework():
         "bad = [m for m in ('verl', 'ray', 'torch', 'vllm') if m in sys.modules]; assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+GROUP_DRAFTS = {"enabled": True, "speculative": {"group_drafts": True}}
+
+
+def test_group_drafts_need_the_agent_loop_that_names_groups():
+    message = _refusal(_verl_config(GROUP_DRAFTS))
+    assert "tlt.speculative.group_drafts=true" in message
+    assert "actor_rollout_ref.rollout.agent.default_agent_loop=<not set>" in message
+    assert "Fix: actor_rollout_ref.rollout.agent.default_agent_loop=slot_seeded_single_turn_agent" in message
+    config = _verl_config(GROUP_DRAFTS)
+    config["actor_rollout_ref"]["rollout"]["agent"] = {"default_agent_loop": "slot_seeded_single_turn_agent"}
+    assert check_requirements(config).speculative.group_drafts
+
+
+def test_group_drafts_are_refused_on_vllm_with_the_fix():
+    message = _vllm_refusal({}, GROUP_DRAFTS)
+    assert "group drafts run in verl-tlt's torch rollout only" in message
+    assert "Fix: tlt.speculative.group_drafts=false, or actor_rollout_ref.rollout.name=torch" in message

@@ -17,6 +17,8 @@ from typing import Any
 
 # The agent loop that seeds requests from their slots (registered with verl by the plugin; slot_seeded_agent_loop).
 SLOT_AGENT_LOOP = "slot_seeded_single_turn_agent"
+# The generate() keyword that carries a request's GRPO group to the torch rollout server (group drafts).
+GROUP_KWARG = "tlt_group"
 
 
 def rollout_seed(rollout_config: Any) -> int:
@@ -34,6 +36,14 @@ def slot_name(global_step: Any, index: Any, session_id: Any, priority: Any = Non
         return None
     member = f"s{int(session_id)}" if session_id is not None else f"p{int(priority or 0)}"
     return f"{int(global_step or 0)}/{int(index)}/{member}"
+
+
+def group_name(global_step: Any, index: Any) -> str | None:
+    """The GRPO group of a sample slot: the samples of one dataset prompt at one training step (None without an
+    index). Its siblings share it whatever their member number."""
+    if index is None:
+        return None
+    return f"{int(global_step or 0)}/{int(index)}"
 
 
 def slot_seed(base_seed: int, slot: str, prompt_ids: Sequence[int]) -> int:

@@ -19,6 +19,7 @@ from typing import Any
 
 from verl_tlt.config import ROOT_KEY, TLTConfig
 from verl_tlt.integrations.verl.mode_selection import TLT_TRAINER_MODE, VERL_SYNC_MODE
+from verl_tlt.integrations.verl.request_seeds import SLOT_AGENT_LOOP
 
 # The rollout name of verl-tlt's torch engine (the plugin registers it), and verl's vLLM rollout: TLT runs on both.
 TORCH_ROLLOUT_NAME = "torch"
@@ -86,12 +87,33 @@ def _check_rollout(config: Mapping[str, Any], tlt_cfg: TLTConfig) -> None:
             f"actor_rollout_ref.rollout.name={VLLM_ROLLOUT_NAME} (on CPU: {TORCH_ROLLOUT_NAME}, +cpu=torch), or run "
             f"with {ROOT_KEY}.enabled=false (the default) for stock verl behaviour."
         )
+    if tlt_cfg.speculative.group_drafts:
+        _check_group_identity(config)
+
+
+def _check_group_identity(config: Mapping[str, Any]) -> None:
+    """Group drafts need each request's GRPO group, which only the slot-seeded agent loop sends."""
+    key = "actor_rollout_ref.rollout.agent.default_agent_loop"
+    agent_loop = _get(config, key)
+    if agent_loop != SLOT_AGENT_LOOP:
+        raise TLTNotAvailableError(
+            f"{ROOT_KEY}.speculative.group_drafts=true drafts from each request's GRPO siblings, but {key}="
+            f"{_shown(agent_loop)} does not tell the rollout which samples are siblings. Fix: {key}={SLOT_AGENT_LOOP} "
+            f"(verl's single-turn agent loop that also names each request's group and seeds it from its slot), or "
+            f"{ROOT_KEY}.speculative.group_drafts=false."
+        )
 
 
 def _check_vllm_rollout(config: Mapping[str, Any], tlt_cfg: TLTConfig) -> None:
     """What TLT cannot serve on verl's vLLM rollout, each with the override that fixes it."""
     rollout = "actor_rollout_ref.rollout"
     off = f"or set {ROOT_KEY}.enabled=false"
+    if tlt_cfg.speculative.group_drafts:
+        raise TLTNotAvailableError(
+            f"{ROOT_KEY}.speculative.group_drafts=true with {rollout}.name={VLLM_ROLLOUT_NAME}: group drafts run in "
+            f"verl-tlt's torch rollout only (vLLM runs one drafter, the EAGLE one TLT gives it). Fix: "
+            f"{ROOT_KEY}.speculative.group_drafts=false, or {rollout}.name={TORCH_ROLLOUT_NAME}."
+        )
     data_parallel = _get(config, f"{rollout}.data_parallel_size")
     if data_parallel not in (None, 1):
         raise TLTNotAvailableError(

@@ -15,18 +15,33 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import register
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 
-from verl_tlt.integrations.verl.request_seeds import SLOT_AGENT_LOOP, rollout_seed, slot_name, slot_seed
+from verl_tlt.integrations.verl.request_seeds import (
+    GROUP_KWARG,
+    SLOT_AGENT_LOOP,
+    group_name,
+    rollout_seed,
+    slot_name,
+    slot_seed,
+)
+from verl_tlt.integrations.verl.requirements import TORCH_ROLLOUT_NAME
 
 
 class _SeededRequests:
-    """The agent loop's server manager, with a slot seed added to the sampling parameters of `generate`."""
+    """The agent loop's server manager, with a slot seed added to the sampling parameters of `generate`, and, for
+    group drafts, the request's GRPO group."""
 
-    def __init__(self, server_manager: Any, base_seed: int, slot: str):
-        self._server_manager, self._base_seed, self._slot = server_manager, base_seed, slot
+    def __init__(self, server_manager: Any, base_seed: int, slot: str, group: str | None = None):
+        self._server_manager, self._base_seed, self._slot, self._group = server_manager, base_seed, slot, group
 
     async def generate(self, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kwargs: Any) -> Any:
         if sampling_params.get("seed") is None:
             sampling_params = {**sampling_params, "seed": slot_seed(self._base_seed, self._slot, prompt_ids)}
+        if self._group is not None:
+            kwargs[GROUP_KWARG] = self._group
+            # Siblings draft from each other only on one replica. verl's load balancer keeps a request id on the
+            # replica it first chose (least loaded), so routing by the group's id sends the whole group there; the
+            # server still gets a request id of its own (verl passes a fresh one, or this one with a counter).
+            kwargs["request_id"] = f"tlt-group/{self._group}"
         return await self._server_manager.generate(prompt_ids=prompt_ids, sampling_params=sampling_params, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
@@ -44,8 +59,20 @@ class SlotSeededSingleTurnAgentLoop(SingleTurnAgentLoop):
         )
         if slot is not None:  # an agent loop instance serves one sample
             base_seed = rollout_seed(self.rollout_config)
-            self.server_manager = _SeededRequests(self.server_manager, base_seed, slot)
+            group = None
+            if _group_drafts_on(self.config):
+                group = group_name(_plain(kwargs.get("global_steps")), _plain(kwargs.get("index")))
+            self.server_manager = _SeededRequests(self.server_manager, base_seed, slot, group)
         return await super().run(sampling_params, **kwargs)
+
+
+def _group_drafts_on(config: Any) -> bool:
+    """Whether the run drafts from GRPO groups (tlt.enabled and tlt.speculative.group_drafts, torch rollout)."""
+    tlt = config.get("tlt") if hasattr(config, "get") else None
+    if not tlt or not tlt.get("enabled"):
+        return False
+    speculative = tlt.get("speculative") or {}
+    return bool(speculative.get("group_drafts")) and config.actor_rollout_ref.rollout.name == TORCH_ROLLOUT_NAME
 
 
 def _plain(value: Any) -> Any:

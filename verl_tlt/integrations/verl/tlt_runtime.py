@@ -29,7 +29,7 @@ from verl_tlt.config import TLTConfig
 from verl_tlt.drafter.capture_record import RecordedStep, save_step
 from verl_tlt.drafter.spot_schedule import SpotSchedule
 from verl_tlt.drafter.worker import FAULT_ENV, DrafterWorker
-from verl_tlt.engine.decode_stats import strategy_acceptance
+from verl_tlt.engine.decode_stats import source_metrics, strategy_acceptance
 from verl_tlt.files import write_json
 from verl_tlt.integrations.verl.checkpoint_paths import checkpoint_root, resumed_folder, step_folder
 from verl_tlt.integrations.verl.coordinator import SpotCoordinator
@@ -415,7 +415,14 @@ def rollout_metrics(
             for name, n in counts.items():
                 mix[name] = mix.get(name, 0) + n
     for name, n in mix.items():
-        metrics[f"tlt/sd/strategy/{name}"] = n / steps_all if steps_all else 0.0
+        metrics[f"tlt/sd/strategy/{metric_name(name)}"] = n / steps_all if steps_all else 0.0
     for name, length in strategy_acceptance(stats).items():
-        metrics[f"tlt/sd/strategy_acceptance/{name}"] = length
+        metrics[f"tlt/sd/strategy_acceptance/{metric_name(name)}"] = length
+    for name, value in source_metrics(stats).items():
+        metrics[f"tlt/sd/source/{name}"] = value
     return metrics
+
+
+def metric_name(strategy: str) -> str:
+    """A strategy's name as a metric key part: 'suffix:8_1_8' -> 'suffix/8_1_8' (some trackers refuse ':')."""
+    return strategy.replace(":", "/")

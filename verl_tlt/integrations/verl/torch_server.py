@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from verl_tlt.engine import CompletionOutput, RolloutEngine, SamplingParams
-from verl_tlt.integrations.verl.request_seeds import rollout_seed
+from verl_tlt.integrations.verl.request_seeds import GROUP_KWARG, rollout_seed
 from verl_tlt.integrations.verl.torch_rollout_config import torch_rollout_config
 from verl_tlt.metrics.rollout_trace import RolloutTrace, append_jsonl, weights_sha256
 from verl_tlt.modeling.model import UnsupportedModelError
@@ -83,6 +83,7 @@ class TorchRolloutServer:
             compile=options.compile,
             cuda_graphs=options.cuda_graphs,
             sampling=options.sampling,
+            group_drafts=self._group_drafts(),
         )
         self._thread = threading.Thread(
             target=with_torch_threads(self._run_engine, options.num_threads),
@@ -132,7 +133,9 @@ class TorchRolloutServer:
         internal_id = f"{request_id}#{next(self._ids)}"
         self._futures[internal_id] = (loop, future)
         self.trace.on_submit()
-        self.engine.add_request(prompt_ids, params, request_id=internal_id)
+        # The slot-seeded agent loop names each request's GRPO group (group drafts); other callers send none.
+        group = kwargs.get(GROUP_KWARG)
+        self.engine.add_request(prompt_ids, params, request_id=internal_id, group=group)
         self._work.set()
         output: CompletionOutput = await future
         return TokenOutput(
@@ -217,6 +220,22 @@ class TorchRolloutServer:
             if reset:
                 self.engine.stats = DecodeStats()
         return stats
+
+    def _group_drafts(self):
+        """GroupDrafts for the engine when TLT is on with tlt.speculative.group_drafts (indexing starts at admission,
+        so it exists from the first request on), else None."""
+        from verl_tlt.config import TLTConfig
+        from verl_tlt.engine.group_drafts import GroupDrafts
+
+        custom = self.config.get("custom") or {}
+        if not custom.get("tlt"):
+            return None
+        config = TLTConfig.from_dict(custom.get("tlt"), prefix="actor_rollout_ref.rollout.custom.tlt")
+        speculative = config.speculative
+        if not (config.enabled and speculative.group_drafts):
+            return None
+
+        return GroupDrafts(speculative.suffix_min_match, speculative.suffix_history_tokens)
 
     def _speculative_config(self):
         from verl_tlt.config import TLTConfig
