@@ -93,6 +93,13 @@ def test_speculative_group_validates_values_with_the_key_and_a_fix():
         ({"strategies": ["2_4_100"]}, "tlt.speculative.strategies: '2_4_100' is not a usable strategy"),
         ({"epsilon": 2.0}, "tlt.speculative.epsilon must be in [0, 1]"),
         ({"probe_rate": 2.0}, "tlt.speculative.probe_rate must be in [0, 1]"),
+        ({"strategies": ["suffix:4_1_4"]}, "tlt.speculative.strategies must be a non-empty list"),
+        ({"group_strategies": ["4_1_4"]}, "'4_1_4' drafts with the drafter; group strategies name their source"),
+        ({"group_strategies": ["mixed:4_2_6"]}, "Mixed drafts are chains"),
+        ({"group_strategies": ["ngram:4_1_4"]}, "'ngram:4_1_4' is not a usable strategy"),
+        ({"group_drafts": True, "group_strategies": []}, "group_drafts=true needs at least one"),
+        ({"suffix_min_match": 0}, "tlt.speculative.suffix_min_match must be >= 1"),
+        ({"suffix_history_tokens": -1}, "tlt.speculative.suffix_history_tokens must be >= 0"),
     ]
     for values, message in cases:
         with pytest.raises(ValueError, match=re.escape(message)):

@@ -309,3 +309,31 @@ def test_an_arm_is_skipped_only_if_every_ranked_bucket_finds_it_clearly_behind()
     assert policy.arms[16]["8_4_16"].rate() < 0.5 * policy.arms[16]["6_4_8"].rate()
     chosen = play(policy, 1, 10, rng, noise=0.02, rates=TRUE_RATES[1])
     assert "8_4_16" in chosen[:8]
+
+
+# Group drafts: where siblings answer alike (low temperature, a converged policy) suffix drafts are long and cost no
+# drafter compute; where they differ they are short and the drafter wins. The policy must learn which, per bucket.
+GROUP_RATES = {
+    "siblings agree": {"4_1_4": 14.0, "suffix:8_1_8": 30.0, "mixed:4_1_4": 18.0, PLAIN: 10.0},
+    "siblings differ": {"4_1_4": 14.0, "suffix:8_1_8": 9.0, "mixed:4_1_4": 12.5, PLAIN: 10.0},
+}
+
+
+@pytest.mark.parametrize(("world", "best"), [("siblings agree", "suffix:8_1_8"), ("siblings differ", "4_1_4")])
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_the_policy_learns_which_draft_source_pays(world, best, batch_size):
+    group_config = config(
+        strategies=("4_1_4",), group_drafts=True, group_strategies=("suffix:8_1_8", "mixed:4_1_4"), min_dwell_steps=0
+    )
+    policy = AdaptivePolicy(group_config)
+    assert set(policy.strategies) == {"4_1_4", "suffix:8_1_8", "mixed:4_1_4"}
+    rng = random.Random(2)
+    play(policy, batch_size, 60, rng, rates=GROUP_RATES[world])
+    assert policy.best_arm(policy.bucket_of(batch_size)) == best
+    later = play(policy, batch_size, 200, rng, rates=GROUP_RATES[world])
+    assert later.count(best) / len(later) >= 0.85
+
+
+def test_group_strategies_are_arms_only_with_group_drafts_on():
+    assert "suffix:8_1_8" not in AdaptivePolicy(config()).strategies
+    assert "suffix:8_1_8" in AdaptivePolicy(config(group_drafts=True)).strategies

@@ -15,6 +15,7 @@ from pathlib import Path
 from verl_tlt.integrations.verl.same_samples import SAME_SAMPLES_OVERRIDES
 
 BASELINE = "baseline"
+GROUP_DRAFTS = "tlt_group"
 CONTROL = "baseline_repeat"
 # Run name -> its own overrides, in the order the quickstart runs them (the control last: the comparison of the
 # first three is complete if a user stops the quickstart during the control).
@@ -22,6 +23,8 @@ RUNS: dict[str, list[str]] = {
     BASELINE: ["tlt.enabled=false"],
     "tlt": ["tlt.enabled=true", "tlt.drafter.train=true"],
     "frozen": ["tlt.enabled=true", "tlt.drafter.train=false"],
+    # TLT with drafts from the GRPO group too (siblings' answers, earlier answers), against "tlt" (the drafter only).
+    GROUP_DRAFTS: ["tlt.enabled=true", "tlt.drafter.train=true", "tlt.speculative.group_drafts=true"],
     CONTROL: ["tlt.enabled=false"],
 }
 # The runs the headline ratios and the table compare.
