@@ -19,8 +19,18 @@ def _tree() -> argparse.ArgumentParser:
 def test_register_adds_quickstart_with_every_run_including_the_control_by_default():
     args = _tree().parse_args(["quickstart"])
     assert args.func is cli.run
-    assert args.runs == list(RUNS) and "baseline_repeat" in args.runs
+    assert args.runs is None and cli.default_runs(args.rollout) == list(RUNS) and "baseline_repeat" in RUNS
+    assert cli.default_runs("vllm") == [name for name in RUNS if name != "tlt_group"]  # group drafts: torch only
     assert (args.steps, args.replicas, args.out) == (15, 2, "outputs/quickstart")
+
+
+def test_group_drafts_on_vllm_are_refused(tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())  # as if vLLM were installed
+    with pytest.raises(SystemExit):
+        cli.main(["--rollout", "vllm", "--runs", "tlt_group", "--out", str(tmp_path)])
+    assert "group drafts run on the torch rollout only" in capsys.readouterr().err
 
 
 def test_options_reach_the_parsed_arguments():

@@ -65,3 +65,23 @@ def test_a_partial_run_set_says_what_is_missing_instead_of_a_comparison():
     text = format_report(summary)
     assert "partial run set ['tlt']" in text and "last acceptance length 2.50" in text
     assert "identity with the baseline: not checked" in text and "stage timings:" in text
+
+
+def test_the_group_drafts_lines_give_both_ratios_and_the_controls_yardstick():
+    rows = [{"step": 1, "step_s": 10.0, "rollout_s": 2.0, "sd_acceptance_length": 2.5}]
+    group = {
+        "acceptance_last3": {"group": 4.0, "eagle": 3.0},
+        "acceptance_ratio_group_vs_eagle": 4 / 3,
+        "rollout_s_last3": {"group": 5.0, "eagle": 6.0},
+        "rollout_time_ratio_group_vs_eagle": 5 / 6,
+        "rollout_time_ratio_group_vs_eagle_all_steps": 0.9,
+        "suffix_draft_share_last3": 0.6,
+        "suffix_accept_rate_last3": 0.8,
+        "acceptance_by_source_last3": {"eagle": 3.0, "suffix": 6.0, "mixed": None},
+        "control_rollout_time_ratio_last3": 1.05,
+    }
+    summary = {"runs": {"tlt": rows, "tlt_group": rows}, "identity": {}, "stage_s": {}, "group_drafts": group}
+    text = format_report(summary)
+    assert "acceptance length 4.00 vs 3.00 (ratio 1.33)" in text
+    assert "by arm source: eagle 3.00, suffix 6.00, mixed n/a" in text
+    assert "rollout time 5.00 s vs 6.00 s (ratio 0.83; all steps 0.90" in text and "last 3 steps: 1.05)" in text

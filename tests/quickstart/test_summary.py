@@ -6,7 +6,14 @@ import json
 
 import pytest
 
-from verl_tlt.quickstart.summary import format_decode_costs, format_table, headline, read_trace, step_rows
+from verl_tlt.quickstart.summary import (
+    format_decode_costs,
+    format_table,
+    group_drafts_headline,
+    headline,
+    read_trace,
+    step_rows,
+)
 from verl_tlt.toy.task import COMPACT, Problem, solution_text
 
 PROBLEM = Problem.from_nd(11, 4)
@@ -191,3 +198,28 @@ def test_read_trace_skips_validation_records(tmp_path):
     ]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert sorted(read_trace(path)) == [0, 1]
+
+
+def test_group_drafts_headline_compares_the_last_three_steps_with_the_drafter_alone(tmp_path):
+    metrics = _metrics(1, 3.0)
+    metrics["tlt/sd/source/suffix/draft_share"] = 0.75
+    metrics["tlt/sd/source/mixed/acceptance_length"] = 6.0
+    (row,) = step_rows([metrics], {}, {})
+    assert row["sd_source"] == {"suffix/draft_share": 0.75, "mixed/acceptance_length": 6.0}
+    runs = {
+        "tlt": _rows([3.0, 3.0, 2.0, 2.0], [4.0, 3.0, 3.0, 3.0]),
+        "tlt_group": _rows([3.0, 2.0, 2.0, 1.0], [4.0] * 4),
+    }
+    for i, row in enumerate(runs["tlt_group"]):
+        row["sd_source"] = {
+            "suffix/draft_share": 0.5 + 0.1 * i,
+            "suffix/accept_rate": 0.9,
+            "suffix/acceptance_length": 6,
+        }
+    group = group_drafts_headline(runs, "tlt_group", "tlt")
+    assert group["acceptance_ratio_group_vs_eagle"] == pytest.approx(4 / 3)
+    assert group["rollout_s_last3"] == {"group": 5.0, "eagle": 7.0}
+    assert group["rollout_time_ratio_group_vs_eagle"] == pytest.approx(5 / 7)
+    assert group["rollout_time_ratio_group_vs_eagle_all_steps"] == pytest.approx(8 / 10)
+    assert group["suffix_draft_share_last3"] == pytest.approx(0.7)
+    assert group["acceptance_by_source_last3"] == {"eagle": None, "suffix": 6.0, "mixed": None}

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from verl_tlt.commands import add_command, positive_int, run_alone, usage_error
 from verl_tlt.files import write_json
-from verl_tlt.quickstart.recipe import COMPARED, RUNS, GRPOSettings
+from verl_tlt.quickstart.recipe import COMPARED, GROUP_DRAFTS, RUNS, GRPOSettings
 from verl_tlt.quickstart.report import format_report
 
 logger = logging.getLogger(__name__)
@@ -75,9 +75,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--runs",
         nargs="+",
         choices=list(RUNS),
-        default=list(RUNS),
-        help=f"which runs to make (default: all; the comparison needs {', '.join(COMPARED)}, the control "
-        "baseline_repeat; fewer are for experiments)",
+        default=None,
+        help=f"which runs to make (default: all, but {GROUP_DRAFTS} only on the torch rollout; the comparison needs "
+        f"{', '.join(COMPARED)}, group drafts {GROUP_DRAFTS} and tlt, the control baseline_repeat; fewer are for "
+        "experiments)",
     )
     parser.add_argument(
         "--override",
@@ -105,11 +106,14 @@ def run(args: argparse.Namespace) -> int:
             "--rollout vllm needs vLLM's CPU build in this environment: run recipes/quickstart_cpu.sh --rollout vllm, "
             "which sets up .venv-vllm (scripts/setup_vllm_env.sh) and runs the quickstart there",
         )
+    runs = args.runs if args.runs is not None else default_runs(args.rollout)
+    if args.rollout == "vllm" and GROUP_DRAFTS in runs:
+        usage_error(args, f"--runs {GROUP_DRAFTS}: group drafts run on the torch rollout only; drop it or --rollout")
     out = Path(args.out)
     summary = run_comparison(
         Path(args.cache) if args.cache else default_cache_root(),
         out,
-        runs=args.runs,
+        runs=runs,
         settings=GRPOSettings(**{f.name: getattr(args, f.name) for f in fields(GRPOSettings)}),
         timeout_s=args.timeout,
         extra=args.override,
@@ -126,6 +130,11 @@ def run(args: argparse.Namespace) -> int:
         logger.error("identity violated in %s: different responses from bitwise-equal weights (see above)", violators)
         return 1
     return 0
+
+
+def default_runs(rollout: str) -> list[str]:
+    """Every run, in order; on vLLM without the group-drafts run (group drafts are the torch rollout's)."""
+    return [name for name in RUNS if rollout == "torch" or name != GROUP_DRAFTS]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from verl_tlt.progress import format_duration
-from verl_tlt.quickstart.recipe import BASELINE, COMPARED, CONTROL, SETUP_STAGE
+from verl_tlt.quickstart.recipe import BASELINE, COMPARED, CONTROL, GROUP_DRAFTS, SETUP_STAGE
 from verl_tlt.quickstart.summary import format_decode_costs, format_table
 
 
@@ -19,6 +19,8 @@ def format_report(summary: dict[str, Any]) -> str:
     else:
         lines.append(f"partial run set {list(runs)}: no comparison table or headline (they need {list(COMPARED)})")
         lines += [_run_digest(name, rows) for name, rows in runs.items()]
+    if summary.get("group_drafts"):
+        lines += ["", *group_drafts_lines(summary["group_drafts"])]
     lines += ["", *identity_lines(summary.get("identity", {}), control_ran=CONTROL in runs)]
     if summary.get("identity_note"):
         lines.append(f"  note: {summary['identity_note']}")
@@ -151,6 +153,29 @@ def headline_lines(summary: dict[str, Any]) -> list[str]:
         f"{100 * summary['idle_share_used_for_training']:.0f}%",
     ]
     return lines
+
+
+def group_drafts_lines(group: dict[str, Any]) -> list[str]:
+    """Group drafts against the drafter alone (see summary.group_drafts_headline)."""
+
+    def show(value):
+        return "n/a" if value is None else f"{value:.2f}"
+
+    accept, rollout = group["acceptance_last3"], group["rollout_s_last3"]
+    by_source = ", ".join(f"{name} {show(value)}" for name, value in group["acceptance_by_source_last3"].items())
+    control = group.get("control_rollout_time_ratio_last3")
+    return [
+        f"group drafts ({GROUP_DRAFTS} run) vs the drafter alone (tlt run), last 3 steps, same samples while the "
+        "weights are equal (identity below):",
+        f"  acceptance length {show(accept['group'])} vs {show(accept['eagle'])} "
+        f"(ratio {show(group['acceptance_ratio_group_vs_eagle'])}); by arm source: {by_source}",
+        f"  suffix drafts: {show(group['suffix_draft_share_last3'])} of draft tokens, "
+        f"{show(group['suffix_accept_rate_last3'])} of them accepted",
+        f"  rollout time {show(rollout['group'])} s vs {show(rollout['eagle'])} s "
+        f"(ratio {show(group['rollout_time_ratio_group_vs_eagle'])}; all steps "
+        f"{show(group['rollout_time_ratio_group_vs_eagle_all_steps'])}; the control's baseline repeat / baseline, "
+        f"last 3 steps: {show(control)})",
+    ]
 
 
 def _run_digest(name: str, rows: list[dict]) -> str:

@@ -17,8 +17,10 @@ from verl_tlt.progress import format_duration
 from verl_tlt.quickstart.identity import identity_by_run, responses_by_step, same_responses_steps
 from verl_tlt.quickstart.job_progress import JobProgress
 from verl_tlt.quickstart.recipe import (
+    BASELINE,
     COMPARED,
     CONTROL,
+    GROUP_DRAFTS,
     RUNS,
     SETUP_STAGE,
     TRACE_FILE,
@@ -27,7 +29,7 @@ from verl_tlt.quickstart.recipe import (
     quickstart_overrides,
     run_overrides,
 )
-from verl_tlt.quickstart.summary import headline, read_trace, step_rows
+from verl_tlt.quickstart.summary import LAST_STEPS, group_drafts_headline, headline, read_trace, step_rows
 from verl_tlt.quickstart.verl_job import read_rollouts, run_verl_job
 
 logger = logging.getLogger(__name__)
@@ -163,6 +165,17 @@ def run_comparison(
     )
 
 
+def group_drafts_summary(runs: dict[str, list[dict]]) -> dict[str, Any]:
+    """The group-drafts run against the TLT run (the drafter alone), with the control's rollout-time ratio beside it:
+    how much two runs of one config differ on this machine by chance."""
+    summary = group_drafts_headline(runs, GROUP_DRAFTS, "tlt")
+    if BASELINE in runs and CONTROL in runs:
+        control = sum(r.get("rollout_s") or 0.0 for r in runs[CONTROL][-LAST_STEPS:])
+        base = sum(r.get("rollout_s") or 0.0 for r in runs[BASELINE][-LAST_STEPS:])
+        summary["control_rollout_time_ratio_last3"] = control / base if base else None
+    return summary
+
+
 # Why the TLT runs' responses may differ from the baseline's on vLLM, and how to get a token-for-token comparison.
 VLLM_IDENTITY_NOTE = (
     "on vLLM, sampled speculative decoding keeps the target's distribution but draws other samples than plain "
@@ -188,6 +201,7 @@ def build_summary(
         f"drafter, and the baseline repeated ({CONTROL}) as a control",
         "missing_runs": missing,
         **(headline(runs) if all(name in runs for name in COMPARED) else {}),
+        **({"group_drafts": group_drafts_summary(runs)} if GROUP_DRAFTS in runs and "tlt" in runs else {}),
         # Per run and step against the baseline: rollout weights bitwise equal? sampled responses equal?
         "identity": identity_by_run(runs, responses),
         **({"identity_note": VLLM_IDENTITY_NOTE} if rollout == "vllm" else {}),

@@ -22,6 +22,7 @@ from verl_tlt.toy.task import COMPACT, response_style
 STEP_PARTS = ("gen", "old_log_prob", "adv", "update_actor", "update_weights")
 LAST_STEPS = 3
 STRATEGY_ACCEPTANCE = "tlt/sd/strategy_acceptance/"
+SOURCE_METRICS = "tlt/sd/source/"
 
 
 def read_trace(path: Path) -> dict[int, list[dict]]:
@@ -92,6 +93,11 @@ def step_rows(metrics: list[dict], trace: dict[int, list[dict]], rollouts: dict[
         }
         if by_strategy:
             row["sd_strategy_acceptance"] = by_strategy
+        by_source = {
+            key.removeprefix(SOURCE_METRICS): value for key, value in m.items() if key.startswith(SOURCE_METRICS)
+        }
+        if by_source:
+            row["sd_source"] = by_source
         rows.append(row)
     return rows
 
@@ -176,6 +182,31 @@ def headline(runs: dict[str, list[dict]]) -> dict[str, Any]:
         },
     }
     return summary
+
+
+def group_drafts_headline(runs: dict[str, list[dict]], group_run: str, eagle_run: str) -> dict[str, Any]:
+    """Group drafts (run `group_run`) against the drafter alone (`eagle_run`): acceptance length and rollout time over
+    the last LAST_STEPS steps, their ratios, and the suffix drafts' share and acceptance there. Both runs sample the
+    same responses while their weights stay bitwise equal (the identity check says at which steps)."""
+    group, eagle = runs[group_run], runs[eagle_run]
+    group_rollout = sum(r.get("rollout_s") or 0.0 for r in group[-LAST_STEPS:])
+    eagle_rollout = sum(r.get("rollout_s") or 0.0 for r in eagle[-LAST_STEPS:])
+    group_accept, eagle_accept = _last_mean(group, "sd_acceptance_length"), _last_mean(eagle, "sd_acceptance_length")
+    return {
+        "acceptance_last3": {"group": group_accept, "eagle": eagle_accept},
+        "acceptance_ratio_group_vs_eagle": _ratio(group_accept, eagle_accept),
+        "rollout_s_last3": {"group": group_rollout, "eagle": eagle_rollout},
+        "rollout_time_ratio_group_vs_eagle": _ratio(group_rollout, eagle_rollout),
+        "rollout_time_ratio_group_vs_eagle_all_steps": _ratio(
+            sum(r.get("rollout_s") or 0.0 for r in group), sum(r.get("rollout_s") or 0.0 for r in eagle)
+        ),
+        "suffix_draft_share_last3": _last_mean(group, "sd_source", "suffix/draft_share"),
+        "suffix_accept_rate_last3": _last_mean(group, "sd_source", "suffix/accept_rate"),
+        "acceptance_by_source_last3": {
+            source: _last_mean(group, "sd_source", f"{source}/acceptance_length")
+            for source in ("eagle", "suffix", "mixed")
+        },
+    }
 
 
 def format_table(runs: dict[str, list[dict]]) -> str:
