@@ -115,16 +115,19 @@ def tlt_metrics(metrics: dict) -> dict[str, float]:
 
 def test_greedy_rollouts_are_identical_with_tlt_on_and_off(world, target, tmp_path):
     # Validation after step 2 (and the last step): verl validates without sleeping the replicas.
+    # Two samples per prompt, and group drafts on with TLT: greedy siblings answer alike, so the suffix drafts from a
+    # sibling are long, and they must change nothing either.
     validate = ["trainer.test_freq=2", *SAME_SAMPLES_OVERRIDES]
+    group_drafts = ["tlt.speculative.group_drafts=true"]
     off, on = (
-        run(world, target, tmp_path / name, greedy=True, tlt=tlt, extra=validate)
-        for name, tlt in (("off", False), ("on", True))
+        run(world, target, tmp_path / name, greedy=True, tlt=tlt, group_size=2, extra=validate + extra)
+        for name, tlt, extra in (("off", False, []), ("on", True, group_drafts))
     )
 
     assert [m["step"] for m in on.metrics] == [1, 2, 3]
     off_responses, on_responses = responses_by_step(off), responses_by_step(on)
     for step in (1, 2, 3):
-        assert len(on_responses[step]) == 16
+        assert len(on_responses[step]) == 32
         assert on_responses[step] == off_responses[step], f"step {step}: TLT changed a greedy rollout"
     # The policy moved (so identical rollouts at steps 2-3 mean TLT followed the updated weights exactly).
     assert all(m["actor/grad_norm"] > 0 for m in on.metrics)
@@ -153,6 +156,7 @@ def test_greedy_rollouts_are_identical_with_tlt_on_and_off(world, target, tmp_pa
         ):
             assert key in tlt, f"step {m['step']}: missing {key}"
         assert tlt["tlt/sd/step_share"] > 0 and tlt["tlt/sd/acceptance_length"] >= 1.0
+        assert 0 < tlt.get("tlt/sd/source/suffix/draft_share", 0) < 1, "both sources must have drafted"
         assert tlt["tlt/capture/samples"] > 0
         # The servers' record of a step is that step's rollout alone, not also the validation before it.
         assert tlt["tlt/rollout/time_s"] <= m["timing_s/gen"], f"step {m['step']}: {tlt['tlt/rollout/time_s']}"
@@ -160,6 +164,8 @@ def test_greedy_rollouts_are_identical_with_tlt_on_and_off(world, target, tmp_pa
         assert tlt["tlt/rollout/engine_busy_s"] > 0
         assert 0 <= tlt["tlt/rollout/last_submit_s"] <= tlt["tlt/rollout/time_s"]
     assert any(k.startswith("val-") for k in on.metrics[1]), "validation did not run after step 2"
+    # Siblings reached one replica with their group: most suffix drafts were the sibling's answer and were accepted.
+    assert max(tlt_metrics(m)["tlt/sd/source/suffix/accept_rate"] for m in on.metrics) > 0.5
     # Captured at step 1, trained while a replica idled in step 2's rollout, pushed after step 2.
     last = tlt_metrics(on.metrics[-1])
     assert last["tlt/drafter/total_steps"] >= 1 and last["tlt/drafter/version"] >= 1
