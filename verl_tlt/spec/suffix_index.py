@@ -22,7 +22,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Positions examined per lookup, per occurrence a proposal may use.
 CANDIDATES_PER_OCCURRENCE = 4
@@ -35,13 +35,15 @@ class SuffixProposal:
     tokens[i] is node i+1; parents[i] is its parent's node number (0 = the root), always < i + 1, parents listed
     before children (creation order). A chain has parents == [0, 1, 2, ...].
     match_length: length of the query suffix that matched; num_occurrences: occurrences of that suffix (with at
-    least one following token) the proposal was built from.
+    least one following token) the proposal was built from. supports[i]: how many of them continue with node i+1's
+    path (supports[i] / num_occurrences estimates the chance the text goes that way).
     """
 
     tokens: list[int]
     parents: list[int]
     match_length: int
     num_occurrences: int
+    supports: list[int] = field(default_factory=list)
 
 
 class _Doc:
@@ -152,8 +154,8 @@ class SuffixIndex:
             return None
         match_length, occurrences = found
         trie = _count_continuations(occurrences, depth)
-        tokens, parents = _best_first(trie, depth, top_k, depth * top_k if max_nodes is None else max_nodes)
-        return SuffixProposal(tokens, parents, match_length, len(occurrences))
+        tokens, parents, supports = _best_first(trie, depth, top_k, depth * top_k if max_nodes is None else max_nodes)
+        return SuffixProposal(tokens, parents, match_length, len(occurrences), supports)
 
     def _get(self, doc: Hashable) -> _Doc:
         entry = self._docs.get(doc)
@@ -244,10 +246,12 @@ def _count_continuations(occurrences: list[tuple[_Doc, int]], depth: int) -> _No
     return root
 
 
-def _best_first(root: _Node, depth: int, top_k: int, max_nodes: int) -> tuple[list[int], list[int]]:
-    """Choose trie nodes by support, numbering them in the order chosen (so parents precede children)."""
+def _best_first(root: _Node, depth: int, top_k: int, max_nodes: int) -> tuple[list[int], list[int], list[int]]:
+    """Choose trie nodes by support, numbering them in the order chosen (so parents precede children); returns their
+    tokens, parents and supports."""
     tokens: list[int] = []
     parents: list[int] = []
+    supports: list[int] = []
     # (-count, rank, tie, token, node, parent number, node depth). Siblings never share a rank (one occurrence
     # passes through one child), and the tie counter keeps the heap from ever comparing nodes.
     frontier: list[tuple[int, int, int, int, _Node, int, int]] = []
@@ -265,5 +269,6 @@ def _best_first(root: _Node, depth: int, top_k: int, max_nodes: int) -> tuple[li
         _, _, _, token, node, parent, node_depth = heapq.heappop(frontier)
         tokens.append(token)
         parents.append(parent)
+        supports.append(node.count)
         push_children(node, len(tokens), node_depth)
-    return tokens, parents
+    return tokens, parents, supports
