@@ -118,7 +118,11 @@ def test_greedy_rollouts_are_identical_with_tlt_on_and_off(world, target, tmp_pa
     # Two samples per prompt, and group drafts on with TLT: greedy siblings answer alike, so the suffix drafts from a
     # sibling are long, and they must change nothing either.
     validate = ["trainer.test_freq=2", *SAME_SAMPLES_OVERRIDES]
-    group_drafts = ["tlt.speculative.group_drafts=true"]
+    trace = tmp_path / "on.jsonl"
+    group_drafts = [
+        "tlt.speculative.group_drafts=true",
+        f"+actor_rollout_ref.rollout.engine_kwargs.torch.trace_path={trace}",
+    ]
     off, on = (
         run(world, target, tmp_path / name, greedy=True, tlt=tlt, group_size=2, extra=validate + extra)
         for name, tlt, extra in (("off", False, []), ("on", True, group_drafts))
@@ -164,8 +168,12 @@ def test_greedy_rollouts_are_identical_with_tlt_on_and_off(world, target, tmp_pa
         assert tlt["tlt/rollout/engine_busy_s"] > 0
         assert 0 <= tlt["tlt/rollout/last_submit_s"] <= tlt["tlt/rollout/time_s"]
     assert any(k.startswith("val-") for k in on.metrics[1]), "validation did not run after step 2"
-    # Siblings reached one replica with their group: most suffix drafts were the sibling's answer and were accepted.
-    assert max(tlt_metrics(m)["tlt/sd/source/suffix/accept_rate"] for m in on.metrics) > 0.5
+    # Every training request named its group, and each group's two samples reached one replica (16 prompts a step).
+    records = [json.loads(line) for line in trace.read_text().splitlines()]
+    training = [r for r in records if not r.get("validation")]
+    assert all(r["grouped_requests"] == len(r["response_tokens"]) > 0 for r in training), training
+    for step in range(3):
+        assert sum(r["groups"] for r in training if r["rollout_index"] == step) == 16, training
     # Captured at step 1, trained while a replica idled in step 2's rollout, pushed after step 2.
     last = tlt_metrics(on.metrics[-1])
     assert last["tlt/drafter/total_steps"] >= 1 and last["tlt/drafter/version"] >= 1

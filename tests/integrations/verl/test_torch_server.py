@@ -40,7 +40,8 @@ def bare_server(model_path, **torch_kwargs) -> TorchRolloutServer:
     )
     server.trace = RolloutTrace(0)
     server.last_rollout = None
-    server._seeded = 0
+    server._seeded = server._grouped = 0
+    server._groups = set()
     server._trace_path = None
     server._weights_sha256 = None
     server._engine_lock = threading.Lock()
@@ -191,3 +192,52 @@ def test_a_request_the_engine_refuses_names_the_verl_rollout_that_serves_it(tiny
         asyncio.run(request)
     assert "['presence_penalty']" in str(error.value)
     assert str(error.value).endswith("or serve it with actor_rollout_ref.rollout.name=vllm.")
+
+
+def test_a_requests_group_reaches_the_engine_and_the_record_counts_groups(tiny_qwen2):  # noqa: F811
+    import asyncio
+    import itertools
+
+    from verl_tlt.integrations.verl.request_seeds import GROUP_KWARG
+
+    server = bare_server(tiny_qwen2[0])
+    server.config.custom = {"tlt": {"enabled": True, "speculative": {"group_drafts": True, "suffix_min_match": 2}}}
+    server._ids, server._futures, server._work = itertools.count(), {}, threading.Event()  # what generate uses
+    server.global_steps = 1
+    previous = torch.get_num_threads()
+    try:
+        server.init_engine()
+    finally:
+        torch.set_num_threads(previous)
+    assert server.engine.group_drafts is not None and server.engine.group_drafts.min_match == 2
+    added = []
+    real_add = server.engine.add_request
+    server.engine.add_request = lambda *args, **kwargs: added.append(kwargs["group"]) or real_add(*args, **kwargs)
+    server.drafter_version = lambda: None
+
+    async def three_requests():
+        params = {"temperature": 0.0, "max_tokens": 2}
+        await asyncio.gather(
+            server.generate([5, 6], params, request_id="a", **{GROUP_KWARG: "1/7"}),
+            server.generate([5, 6], params, request_id="b", **{GROUP_KWARG: "1/7"}),
+            server.generate([8, 9], params, request_id="c"),
+        )
+
+    asyncio.run(three_requests())
+    assert sorted(added, key=str) == ["1/7", "1/7", None]
+    server.sleep()
+    record = server.pop_last_rollout()
+    assert (record["grouped_requests"], record["groups"]) == (2, 1)
+    assert (server._grouped, server._groups) == (0, set())
+
+
+def test_group_drafts_stay_off_with_tlt_off(tiny_qwen2):  # noqa: F811
+    server = bare_server(tiny_qwen2[0])
+    server.config.custom = {"tlt": {"enabled": False, "speculative": {"group_drafts": True}}}
+    server._run_engine = lambda: None
+    previous = torch.get_num_threads()
+    try:
+        server.init_engine()
+    finally:
+        torch.set_num_threads(previous)
+    assert server.engine.group_drafts is None

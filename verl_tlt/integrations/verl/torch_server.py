@@ -66,6 +66,9 @@ class TorchRolloutServer:
         self.last_rollout: dict[str, Any] | None = None
         self._trace_path: str | None = None
         self._seeded = 0  # requests of the current rollout that came with a sampling seed (in the trace record)
+        # Requests of the current rollout that named their GRPO group, and the groups (group drafts; trace record).
+        self._grouped = 0
+        self._groups: set = set()
         self._weights_sha256: str | None = None  # of the loaded target weights; computed lazily, reset by each load
 
     def init_engine(self) -> None:
@@ -135,6 +138,9 @@ class TorchRolloutServer:
         self.trace.on_submit()
         # The slot-seeded agent loop names each request's GRPO group (group drafts); other callers send none.
         group = kwargs.get(GROUP_KWARG)
+        if group is not None:
+            self._grouped += 1
+            self._groups.add(group)
         self.engine.add_request(prompt_ids, params, request_id=internal_id, group=group)
         self._work.set()
         output: CompletionOutput = await future
@@ -290,13 +296,12 @@ class TorchRolloutServer:
 
     def sleep(self) -> None:
         # The rollout phase is over when verl sleeps the replicas: close this replica's record of it.
-        extra = {"drafter_version": self.drafter_version(), "seeded_requests": self._seeded}
+        extra = {"drafter_version": self.drafter_version(), **self._take_request_counts()}
         with self._engine_lock:
             extra["decode_costs"] = self.engine.decode_costs.take()
             if self._trace_path and self.trace.start is not None:
                 extra["weights_sha256"] = self._loaded_weights_sha256()
         record = self.trace.close(extra)
-        self._seeded = 0
         if record is not None:
             self.last_rollout = record
             if self._trace_path:
@@ -319,10 +324,18 @@ class TorchRolloutServer:
         """
         with self._engine_lock:
             costs = self.engine.decode_costs.take()
-        record = self.trace.close({"drafter_version": self.drafter_version(), "decode_costs": costs}, validation=True)
+        extra = {"drafter_version": self.drafter_version(), "decode_costs": costs, **self._take_request_counts()}
+        record = self.trace.close(extra, validation=True)
         if record is not None and self._trace_path:
             append_jsonl(self._trace_path, record)
         self.sd_stats(reset=True)
+
+    def _take_request_counts(self) -> dict[str, int]:
+        """Requests of the record being closed that came seeded and grouped, and their groups; starts afresh."""
+        counts = {"seeded_requests": self._seeded, "grouped_requests": self._grouped, "groups": len(self._groups)}
+        self._seeded = self._grouped = 0
+        self._groups = set()
+        return counts
 
     def pop_last_rollout(self) -> dict[str, Any] | None:
         """The record of the latest finished rollout (see RolloutTrace), once."""
