@@ -146,11 +146,16 @@ def _add_sd(bench: argparse._SubParsersAction) -> None:
     sd.add_argument(
         "--strategies",
         nargs="+",
-        default=["8_4_16", "4_1_4"],
-        help="depth_topk_treetokens (top-k 1 = chain); the first one gives the headline acceptance lengths",
+        help="depth_topk_treetokens (top-k 1 = chain); the first one gives the headline acceptance lengths (default: "
+        f"{' '.join(SD_STRATEGIES)}); with --drafts, the shapes each source drafts in (default: "
+        f"{' '.join(GROUP_SD_SHAPES)})",
     )
     sd.add_argument(
-        "--batch-sizes", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32, 64], help="points of the speedup curve"
+        "--batch-sizes",
+        nargs="+",
+        type=int,
+        help=f"points of the speedup curve (default: {' '.join(map(str, SD_BATCH_SIZES))}; with --drafts: "
+        f"{' '.join(map(str, GROUP_SD_BATCH_SIZES))})",
     )
     sd.add_argument("--temperature", type=float, default=0.0, help="for the speedup curve (0 = greedy)")
     sd.add_argument("--max-tokens", type=int, default=512, help="cap on each answer's tokens")
@@ -172,6 +177,24 @@ def _add_sd(bench: argparse._SubParsersAction) -> None:
         help="toy target shape (verl_tlt.toy.model.TOY_SHAPES); deep = 8 layers of width 96, trained and cached on "
         "first use",
     )
+    sd.add_argument(
+        "--drafts",
+        nargs="+",
+        choices=["eagle", "suffix", "mixed"],
+        help="instead of the curve, compare draft sources on the tail of GRPO groups whose siblings have finished: "
+        "eagle (the drafter), suffix (model-free drafts from the siblings' answers), mixed (suffix where a match is "
+        "found, the drafter elsewhere); torch backend only",
+    )
+    sd.add_argument(
+        "--group-size", type=positive_int, default=8, help="with --drafts: samples per prompt (the tail and siblings)"
+    )
+    sd.add_argument(
+        "--temperatures",
+        nargs="+",
+        type=float,
+        default=[0.0, 1.0, 2.0],
+        help="with --drafts: sampling temperatures measured (keyed sampling keeps every arm's tokens identical)",
+    )
 
 
 # Options of `bench sd` that only the torch engine reads: with --backend vllm, setting one is an error, not ignored.
@@ -184,25 +207,44 @@ TORCH_ONLY_SD_OPTIONS = (
     "cuda_graphs",
     "sampling",
     "toy_shape",
+    "drafts",
+    "group_size",
+    "temperatures",
 )
 VLLM_ONLY_SD_OPTIONS = ("ks", "threshold", "long_tail_prompts")
+# Options of the speedup curve that the group-draft comparison (--drafts) does not read, and the other way round.
+CURVE_ONLY_SD_OPTIONS = ("temperature", "acceptance_prompts", "compile", "cuda_graphs")
+DRAFTS_ONLY_SD_OPTIONS = ("group_size", "temperatures")
+# Defaults of the options whose default depends on the mode (None on the parser).
+SD_STRATEGIES = ("8_4_16", "4_1_4")
+SD_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
+GROUP_SD_SHAPES = ("4_1_4", "8_1_8")
+GROUP_SD_BATCH_SIZES = (1, 2, 4, 8, 16)
 
 
 def _run_sd(args: argparse.Namespace) -> int:
+    if args.batch_sizes is None:
+        args.batch_sizes = list(GROUP_SD_BATCH_SIZES if args.drafts else SD_BATCH_SIZES)
     if min(args.batch_sizes + [args.max_tokens, args.rounds]) < 1:
         usage_error(args, "--batch-sizes, --max-tokens and --rounds must be >= 1")
     unused = TORCH_ONLY_SD_OPTIONS if args.backend == "vllm" else VLLM_ONLY_SD_OPTIONS
-    changed = [name for name in unused if getattr(args, name) != args.command_parser.get_default(name)]
-    if changed:
-        flags = ", ".join("--" + name.replace("_", "-") for name in changed)
-        other = "torch" if args.backend == "vllm" else "vllm"
-        usage_error(
-            args,
-            f"{flags}: only for --backend {other}, not {args.backend}; drop {'them' if len(changed) > 1 else 'it'}",
-        )
+    other = "torch" if args.backend == "vllm" else "vllm"
+    _refuse_changed(args, unused, f"only for --backend {other}, not {args.backend}")
     if args.backend == "vllm":
         return _run_sd_vllm(args)
+    if args.drafts:
+        _refuse_changed(args, CURVE_ONLY_SD_OPTIONS, "not read by the group-draft comparison (--drafts)")
+        return _run_sd_drafts(args)
+    _refuse_changed(args, DRAFTS_ONLY_SD_OPTIONS, "only with --drafts")
     return _run_sd_torch(args)
+
+
+def _refuse_changed(args: argparse.Namespace, names: tuple[str, ...], why: str) -> None:
+    """A usage error naming the options among `names` set away from their defaults: they would be ignored."""
+    changed = [name for name in names if getattr(args, name) != args.command_parser.get_default(name)]
+    if changed:
+        flags = ", ".join("--" + name.replace("_", "-") for name in changed)
+        usage_error(args, f"{flags}: {why}; drop {'them' if len(changed) > 1 else 'it'}")
 
 
 def _run_sd_vllm(args: argparse.Namespace) -> int:
@@ -235,6 +277,7 @@ def _run_sd_torch(args: argparse.Namespace) -> int:
     from verl_tlt.spec.strategy import SpecStrategy
     from verl_tlt.toy.model import TOY_SHAPES
 
+    args.strategies = args.strategies or list(SD_STRATEGIES)
     for strategy in args.strategies:
         SpecStrategy.parse(strategy)
     if args.toy_shape not in TOY_SHAPES:
@@ -255,6 +298,39 @@ def _run_sd_torch(args: argparse.Namespace) -> int:
         cuda_graphs=args.cuda_graphs,
         sampling=args.sampling,
     )
+    return 0
+
+
+def _run_sd_drafts(args: argparse.Namespace) -> int:
+    from verl_tlt.bench.group_sd_bench import GroupBenchConfig
+    from verl_tlt.bench.group_sd_bench import run as run_group_sd
+    from verl_tlt.spec.strategy import SpecStrategy
+    from verl_tlt.toy.model import TOY_SHAPES
+
+    if args.toy_shape not in TOY_SHAPES:
+        usage_error(args, f"--toy-shape must be one of {sorted(TOY_SHAPES)}, got {args.toy_shape!r}")
+    shapes = args.strategies or list(GROUP_SD_SHAPES)
+    for shape in shapes:
+        try:
+            source = SpecStrategy.parse(shape).source
+        except ValueError as error:
+            usage_error(args, f"--strategies: {error}")
+        if source != "eagle":
+            usage_error(
+                args, f"--strategies with --drafts are shapes such as 4_1_4 (--drafts names the sources), got {shape!r}"
+            )
+    if min(args.temperatures) < 0:
+        usage_error(args, f"--temperatures must be >= 0, got {args.temperatures}")
+    config = GroupBenchConfig(
+        drafts=tuple(dict.fromkeys(args.drafts)),  # a source named twice is measured once
+        shapes=tuple(shapes),
+        temperatures=tuple(args.temperatures),
+        batch_sizes=tuple(args.batch_sizes),
+        group_size=args.group_size,
+        rounds=args.rounds,
+        max_tokens=args.max_tokens,
+    )
+    run_group_sd(args.json, config, args.toy_shape, device=args.device, sampling=args.sampling)
     return 0
 
 
