@@ -6,13 +6,12 @@ import pytest
 import torch
 
 from tests.engine.drafters import HFModelDrafter
-from tests.engine.test_engine_speculative import GREEDY, PROMPTS, drafters, make_engine
+from tests.engine.test_engine_speculative import GREEDY, PROMPTS, drafters, make_engine, two_token_target_probs
 from tests.spec.sd_harness import chi_square_pvalue
 from verl_tlt.engine import RolloutEngine, SamplingParams
 from verl_tlt.engine import engine as engine_module
 from verl_tlt.engine.engine import SAMPLING_MODES
 from verl_tlt.engine.group_drafts import GroupDrafts
-from verl_tlt.spec import LogitsParams
 from verl_tlt.spec import verify as verify_module
 
 GROUP_STRATEGIES = ["suffix:6_1_6", "suffix:4_3_8", "mixed:4_1_4"]
@@ -120,12 +119,7 @@ def group_distribution_pvalue(tmp_path, strategy: str, sampling: str) -> float:
     outputs = engine.generate([prompt] * num_requests, params, strategy=strategy, groups=groups)
     assert engine.stats.drafted_by_source["suffix"] > num_requests // 2  # most requests verified group drafts
     samples = torch.tensor([o.token_ids for o in outputs])
-    with torch.no_grad():
-        first_logits = hf_model(torch.tensor([prompt])).logits[:, -1]
-        second_logits = hf_model(torch.tensor([prompt + [t] for t in range(vocab)])).logits[:, -1]
-    first = LogitsParams.from_lists([1.0], [-1], [0.95]).process(first_logits).softmax(-1)[0]
-    second = LogitsParams.from_lists([1.0] * vocab, [-1] * vocab, [0.95] * vocab).process(second_logits).softmax(-1)
-    return chi_square_pvalue(samples, (first.unsqueeze(1) * second).flatten().double(), vocab)
+    return chi_square_pvalue(samples, two_token_target_probs(hf_model, prompt, vocab), vocab)
 
 
 @pytest.mark.parametrize("sampling", SAMPLING_MODES)

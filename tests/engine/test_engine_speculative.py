@@ -149,12 +149,17 @@ def engine_distribution_pvalue(tmp_path, strategy: str, sampling: str) -> float:
     outputs = engine.generate([prompt] * num_requests, params, strategy=strategy)
     assert sum(o.stats["num_verify_steps"] for o in outputs) > 0
     samples = torch.tensor([o.token_ids for o in outputs])
+    return chi_square_pvalue(samples, two_token_target_probs(hf_model, prompt, vocab), vocab)
+
+
+def two_token_target_probs(hf_model, prompt: list[int], vocab: int, top_p: float = 0.95) -> torch.Tensor:
+    """[vocab * vocab] exact probability of each pair of first two tokens after `prompt` (T=1, top_p), float64."""
     with torch.no_grad():
         first_logits = hf_model(torch.tensor([prompt])).logits[:, -1]
         second_logits = hf_model(torch.tensor([prompt + [t] for t in range(vocab)])).logits[:, -1]
-    first = LogitsParams.from_lists([1.0], [-1], [0.95]).process(first_logits).softmax(-1)[0]
-    second = LogitsParams.from_lists([1.0] * vocab, [-1] * vocab, [0.95] * vocab).process(second_logits).softmax(-1)
-    return chi_square_pvalue(samples, (first.unsqueeze(1) * second).flatten().double(), vocab)
+    first = LogitsParams.from_lists([1.0], [-1], [top_p]).process(first_logits).softmax(-1)[0]
+    second = LogitsParams.from_lists([1.0] * vocab, [-1] * vocab, [top_p] * vocab).process(second_logits).softmax(-1)
+    return (first.unsqueeze(1) * second).flatten().double()
 
 
 @pytest.mark.parametrize("sampling", SAMPLING_MODES)

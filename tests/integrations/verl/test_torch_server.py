@@ -48,6 +48,15 @@ def bare_server(model_path, **torch_kwargs) -> TorchRolloutServer:
     return server
 
 
+def init_engine_keeping_threads(server: TorchRolloutServer) -> None:
+    """init_engine sets torch's thread count for the server process; the test process keeps its own."""
+    previous = torch.get_num_threads()
+    try:
+        server.init_engine()
+    finally:
+        torch.set_num_threads(previous)
+
+
 def test_engine_thread_uses_the_configured_thread_count(tiny_qwen2):  # noqa: F811
     probe = openmp_max_threads_probe()
     server = bare_server(tiny_qwen2[0], num_threads=1)
@@ -182,11 +191,7 @@ def test_a_request_the_engine_refuses_names_the_verl_rollout_that_serves_it(tiny
 
     server = bare_server(tiny_qwen2[0])
     server._run_engine = lambda: None
-    previous = torch.get_num_threads()
-    try:
-        server.init_engine()
-    finally:
-        torch.set_num_threads(previous)
+    init_engine_keeping_threads(server)
     request = server.generate([5, 6], {"temperature": 1.0, "presence_penalty": 0.5}, request_id="r0")
     with pytest.raises(ValueError) as error:
         asyncio.run(request)
@@ -204,11 +209,7 @@ def test_a_requests_group_reaches_the_engine_and_the_record_counts_groups(tiny_q
     server.config.custom = {"tlt": {"enabled": True, "speculative": {"group_drafts": True, "suffix_min_match": 2}}}
     server._ids, server._futures, server._work = itertools.count(), {}, threading.Event()  # what generate uses
     server.global_steps = 1
-    previous = torch.get_num_threads()
-    try:
-        server.init_engine()
-    finally:
-        torch.set_num_threads(previous)
+    init_engine_keeping_threads(server)
     assert server.engine.group_drafts is not None and server.engine.group_drafts.min_match == 2
     added = []
     real_add = server.engine.add_request
@@ -235,9 +236,5 @@ def test_group_drafts_stay_off_with_tlt_off(tiny_qwen2):  # noqa: F811
     server = bare_server(tiny_qwen2[0])
     server.config.custom = {"tlt": {"enabled": False, "speculative": {"group_drafts": True}}}
     server._run_engine = lambda: None
-    previous = torch.get_num_threads()
-    try:
-        server.init_engine()
-    finally:
-        torch.set_num_threads(previous)
+    init_engine_keeping_threads(server)
     assert server.engine.group_drafts is None
