@@ -37,13 +37,14 @@ def sd(verify: int = 0, draft: int = 0, accepted: int = 0, output: int = 0) -> d
 def test_the_record_starts_at_the_first_submit_and_lists_every_finish():
     clock = FakeClock(10.0)
     trace = RolloutTrace(replica_rank=2, clock=clock)
-    trace.on_submit()
+    assert trace.on_submit() == 0
     clock.now = 11.0
-    trace.on_submit()  # later submits do not move the start
+    assert trace.on_submit() == 1  # later submits do not move the start
     trace.on_engine_step(0.25)
     trace.on_engine_step(1.0)
     clock.now = 12.5
-    trace.on_finish(40, {"num_verify_steps": 3, "num_accepted_tokens": 5, "num_output_tokens": 40, "other": 9})
+    stats = {"num_verify_steps": 3, "num_accepted_tokens": 5, "num_output_tokens": 40, "other": 9}
+    trace.on_finish(40, stats, submit_index=1)  # the second request finished first
     clock.now = 14.0
     trace.on_finish(7, {})
     clock.now = 15.0
@@ -58,6 +59,7 @@ def test_the_record_starts_at_the_first_submit_and_lists_every_finish():
         "finish_times": [12.5, 14.0],
         "engine_busy_s": 1.25,
         "response_tokens": [40, 7],
+        "finish_submit_index": [1, None],
         "sd": sd(verify=3, accepted=5, output=40),
         "drafter_version": 3,
     }

@@ -44,23 +44,29 @@ class RolloutTrace:
         # it the engine worked (the rest it waited for requests to arrive).
         self.engine_busy_s = 0.0
         self.response_tokens: list[int] = []
+        # Per finished request, the position of its submission in submit_times (None where the server did not say):
+        # pairs each response's length with its arrival, which the rollout simulator's calibration needs.
+        self.finish_submit_index: list[int | None] = []
         self.sd_totals = dict.fromkeys(SD_COUNTERS, 0)
 
-    def on_submit(self) -> None:
+    def on_submit(self) -> int:
+        """Record a request's arrival; returns its position in submit_times (for `on_finish`)."""
         with self._lock:
             now = self.clock()
             if self.start is None:
                 self.start = now
             self.submit_times.append(now)
+            return len(self.submit_times) - 1
 
     def on_engine_step(self, seconds: float) -> None:
         with self._lock:
             self.engine_busy_s += seconds
 
-    def on_finish(self, num_tokens: int, stats: dict[str, int]) -> None:
+    def on_finish(self, num_tokens: int, stats: dict[str, int], submit_index: int | None = None) -> None:
         with self._lock:
             self.finish_times.append(self.clock())
             self.response_tokens.append(num_tokens)
+            self.finish_submit_index.append(submit_index)
             for key in SD_COUNTERS:
                 self.sd_totals[key] += int(stats.get(key, 0))
 
@@ -83,6 +89,7 @@ class RolloutTrace:
                 "finish_times": list(self.finish_times),
                 "engine_busy_s": self.engine_busy_s,
                 "response_tokens": list(self.response_tokens),
+                "finish_submit_index": list(self.finish_submit_index),
                 "sd": dict(self.sd_totals),
                 **(extra or {}),
             }

@@ -42,6 +42,7 @@ def bare_server(model_path, **torch_kwargs) -> TorchRolloutServer:
     server.last_rollout = None
     server._seeded = server._grouped = 0
     server._groups = set()
+    server._submit_index = {}
     server._trace_path = None
     server._weights_sha256 = None
     server._engine_lock = threading.Lock()

@@ -69,6 +69,7 @@ class TorchRolloutServer:
         # Requests of the current rollout that named their GRPO group, and the groups (group drafts; trace record).
         self._grouped = 0
         self._groups: set = set()
+        self._submit_index: dict[str, int] = {}  # internal request id -> its position in the trace's submit_times
         self._weights_sha256: str | None = None  # of the loaded target weights; computed lazily, reset by each load
 
     def init_engine(self) -> None:
@@ -135,7 +136,7 @@ class TorchRolloutServer:
         future = loop.create_future()
         internal_id = f"{request_id}#{next(self._ids)}"
         self._futures[internal_id] = (loop, future)
-        self.trace.on_submit()
+        self._submit_index[internal_id] = self.trace.on_submit()
         # The slot-seeded agent loop names each request's GRPO group (group drafts); other callers send none.
         group = kwargs.get(GROUP_KWARG)
         if group is not None:
@@ -175,7 +176,8 @@ class TorchRolloutServer:
                     self._fail_all(error)
                     break
                 for output in finished:
-                    self.trace.on_finish(len(output.token_ids), output.stats)
+                    submitted = self._submit_index.pop(output.request_id, None)
+                    self.trace.on_finish(len(output.token_ids), output.stats, submitted)
                     loop, future = self._futures.pop(output.request_id)
                     loop.call_soon_threadsafe(_resolve, future, output)
 
