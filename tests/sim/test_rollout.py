@@ -116,3 +116,21 @@ def test_bad_costs_and_lengths_are_refused():
         LinearCost(fixed_s=0.0)
     with pytest.raises(ValueError, match="alpha"):
         expected_committed(1.5, 2)
+
+
+def test_a_replica_waits_for_requests_that_have_not_arrived():
+    from verl_tlt.sim.rollout import PolicySteps, simulate_replica
+
+    timeline, finish = simulate_replica([2, 2], PolicySteps(ONE_SECOND), arrivals=[0.0, 5.0])
+    assert finish == [2.0, 7.0] and timeline.drained_s == 7.0
+
+
+def test_a_prefill_step_emits_each_admitted_requests_first_token():
+    from verl_tlt.sim.rollout import PolicySteps, simulate_replica
+
+    timeline, finish = simulate_replica([1, 3], PolicySteps(ONE_SECOND), prefill_s=0.5)
+    assert finish == [0.5, 2.5]  # the prefill (0.5 s) gives both a token; two decode steps finish the second
+    assert [(s.arm, s.batch) for s in timeline.steps] == [("prefill", 2), ("plain", 1), ("plain", 1)]
+    timeline, finish = simulate_replica([2, 2], PolicySteps(ONE_SECOND), arrivals=[0.0, 0.7], prefill_s=0.5)
+    # 0-0.5 prefill of the first; 0.5-1.5 its second token; the second arrived at 0.7, prefilled 1.5-2.0, decoded.
+    assert finish == [1.5, 3.0]
