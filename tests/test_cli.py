@@ -22,6 +22,7 @@ LEAVES = [
     ("toy", "sft"),
     ("toy", "eval"),
     ("drafter", "warmup"),
+    ("simulate", "replay"),
     ("bench", "engine"),
     ("bench", "verify"),
     ("bench", "sd"),

@@ -14,11 +14,12 @@ from typing import NamedTuple
 
 from verl_tlt.bench import cli as bench_cli
 from verl_tlt.quickstart import cli as quickstart_cli
+from verl_tlt.sim import cli as sim_cli
 from verl_tlt.toy import cli as toy_cli
 from verl_tlt.warmup import cli as warmup_cli
 
 # In the order `verl-tlt --help` lists them: the quickstart first, the benchmarks last.
-COMMAND_MODULES = (quickstart_cli, toy_cli, warmup_cli, bench_cli)
+COMMAND_MODULES = (quickstart_cli, toy_cli, warmup_cli, sim_cli, bench_cli)
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _INDEX_WIDTH = 100
 
