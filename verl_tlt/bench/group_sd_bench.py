@@ -24,13 +24,12 @@ step); the accepted share per source comes from the engine's counters.
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from verl_tlt.bench.host import host_info
-from verl_tlt.bench.sd_bench import PROBLEM_SEED, acceptance_length
+from verl_tlt.bench.sd_bench import PROBLEM_SEED, acceptance_length, timed_generate
 from verl_tlt.engine import CompletionOutput, RolloutEngine, SamplingParams
 from verl_tlt.engine.group_drafts import GroupDrafts
 from verl_tlt.files import write_json
@@ -120,12 +119,6 @@ def sample_seed(prompt_number: int, sample: int, group_size: int) -> int:
 
 def group_key(prompt_number: int) -> Hashable:
     return ("bench-group", prompt_number)
-
-
-def timed_generate(engine: RolloutEngine, prompts, params, strategy, groups) -> tuple[list[CompletionOutput], float]:
-    start = time.perf_counter()
-    outputs = engine.generate(prompts, params, strategy=strategy, groups=groups)
-    return outputs, time.perf_counter() - start
 
 
 def decode_siblings(

@@ -30,9 +30,11 @@ def acceptance_length(outputs: list[CompletionOutput]) -> float:
     return (accepted + steps) / steps if steps else float("nan")
 
 
-def timed_generate(engine: RolloutEngine, prompts, params, strategy) -> tuple[list[CompletionOutput], float]:
+def timed_generate(
+    engine: RolloutEngine, prompts, params, strategy, groups=None
+) -> tuple[list[CompletionOutput], float]:
     start = time.perf_counter()
-    outputs = engine.generate(prompts, params, strategy=strategy)
+    outputs = engine.generate(prompts, params, strategy=strategy, groups=groups)
     return outputs, time.perf_counter() - start
 
 

@@ -120,7 +120,7 @@ class GroupDrafts:
 
     def retire(self, request: Request) -> None:
         """The request left the engine: its answer stays for its siblings until the whole group has left."""
-        member = self._members.pop(request.draft_doc, None) if request.draft_doc is not None else None
+        member = self._members.pop(request.draft_doc, None)
         if member is None:
             return
         group = self._groups[member.group_key]
@@ -160,7 +160,7 @@ class GroupDrafts:
         max_nodes = None if strategy.is_chain else strategy.tree_tokens
         proposals = []
         for request in requests:
-            member = self._members.get(request.draft_doc) if request.draft_doc is not None else None
+            member = self._members.get(request.draft_doc)
             if member is None:  # admitted before group drafting began (the engine indexes from admission on)
                 proposals.append(None)
                 continue
@@ -180,7 +180,7 @@ class GroupDrafts:
         return group
 
     def _sync(self, request: Request) -> None:
-        member = self._members.get(request.draft_doc) if request.draft_doc is not None else None
+        member = self._members.get(request.draft_doc)
         if member is not None:
             self._extend(self._groups[member.group_key], request, member)
 
