@@ -32,7 +32,7 @@ class FixedPolicy:
 def test_one_replica_plain_decoding_takes_one_step_per_token_of_the_longest_answer():
     result = simulate_rollout([1, 2, 4], ONE_SECOND)
     assert result.time_s == 4.0 and result.finish_s == [1.0, 2.0, 4.0]
-    assert [step.batch for step in result.replicas[0].steps] == [3, 2, 1, 1]
+    assert [(step.batch, step.count) for step in result.replicas[0].steps] == [(3, 1), (2, 1), (1, 2)]
     assert result.idle_replica_s == 0.0
 
 
@@ -130,7 +130,54 @@ def test_a_prefill_step_emits_each_admitted_requests_first_token():
 
     timeline, finish = simulate_replica([1, 3], PolicySteps(ONE_SECOND), prefill_s=0.5)
     assert finish == [0.5, 2.5]  # the prefill (0.5 s) gives both a token; two decode steps finish the second
-    assert [(s.arm, s.batch) for s in timeline.steps] == [("prefill", 2), ("plain", 1), ("plain", 1)]
+    assert [(s.arm, s.batch, s.count) for s in timeline.steps] == [("prefill", 2, 1), ("plain", 1, 2)]
     timeline, finish = simulate_replica([2, 2], PolicySteps(ONE_SECOND), arrivals=[0.0, 0.7], prefill_s=0.5)
     # 0-0.5 prefill of the first; 0.5-1.5 its second token; the second arrived at 0.7, prefilled 1.5-2.0, decoded.
     assert finish == [1.5, 3.0]
+
+
+class Unsteady:
+    """Plain steps priced like a cost model, without the `steady` hint: the replica takes them one at a time."""
+
+    def __init__(self, cost):
+        self.cost = cost
+
+    def step(self, batch, kv_tokens=0):
+        return self.cost.plain_seconds(batch, kv_tokens), 1.0, "plain"
+
+    def observe(self, batch, committed, seconds):
+        pass
+
+
+def test_steps_taken_at_once_cost_what_they_cost_one_by_one():
+    from verl_tlt.sim.rollout import PolicySteps, simulate_replica
+
+    cost = SpeculativeCost(LinearCost(fixed_s=1.0, per_token_s=0.1, per_kv_token_s=0.01))
+    lengths, prompts = [5, 40, 17, 17, 90], [3, 7, 1, 0, 12]
+    fast, fast_finish = simulate_replica(lengths, PolicySteps(cost), prompt_tokens=prompts, max_num_seqs=3)
+    slow, slow_finish = simulate_replica(lengths, Unsteady(cost), prompt_tokens=prompts, max_num_seqs=3)
+    assert fast_finish == pytest.approx(slow_finish) and fast.drained_s == pytest.approx(slow.drained_s)
+    assert len(fast.steps) < len(slow.steps) == sum(step.count for step in fast.steps)
+
+
+def test_the_kv_cache_grows_by_a_token_per_row_and_step():
+    cost = SpeculativeCost(LinearCost(fixed_s=1.0, per_kv_token_s=0.5))
+    # One request, prompt 4: steps read 4, 5, 6 cached tokens.
+    result = simulate_rollout([3], cost, prompt_tokens=4)
+    assert result.time_s == pytest.approx(3 + 0.5 * (4 + 5 + 6))
+
+
+def test_rows_that_commit_different_counts_finish_when_their_own_tokens_are_done():
+    from verl_tlt.sim.rollout import simulate_replica
+
+    class Alternating:
+        """Row order by request id: request 0 commits 3 a step, request 1 commits 1."""
+
+        def step(self, batch, kv_tokens=0):
+            return 1.0, ([3.0, 1.0] if batch == 2 else [1.0]), "x"
+
+        def observe(self, *args):
+            pass
+
+    timeline, finish = simulate_replica([6, 4], Alternating())
+    assert finish == [2.0, 4.0]  # request 0: 3 + 3; request 1: 1 + 1, then alone 1 + 1

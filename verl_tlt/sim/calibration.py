@@ -99,11 +99,11 @@ class MeasuredSteps:
         if not self.by_group:
             raise ValueError("no decode steps measured: nothing to calibrate on")
 
-    def step(self, batch: int) -> tuple[float, list[float], str]:
+    def step(self, batch: int, kv_tokens: int = 0) -> tuple[float, float, str]:
         group = 1 << (batch.bit_length() - 1)
         nearest = min(self.by_group, key=lambda g: (abs(g - group), g))
         seconds, per_row = self.by_group.get(group, self.by_group[nearest])
-        return seconds, [max(per_row, 1.0)] * batch, "measured"
+        return seconds, max(per_row, 1.0), "measured"
 
     def observe(self, batch: int, committed: float, seconds: float) -> None:
         return None

@@ -1,20 +1,49 @@
 """`verl-tlt simulate`: the RL-step simulator's commands.
 
-`simulate replay` checks the event model against a run it can see: each recorded rollout is replayed from its own
-requests (arrivals, lengths) and the run's measured step costs, and the predicted rollout times are printed beside
-the measured ones.
+- `simulate run --config PRESET|YAML`: a scenario's runs (baseline, TLT, ablations) step by step; `--json`, `--plot`.
+- `simulate paper`: the paper's scaling table, simulated from the presets, with the ablations and a projection.
+- `simulate presets`: the presets and what each describes.
+- `simulate replay`: checks the event model against a run it can see: each recorded rollout is replayed from its own
+  requests (arrivals, lengths) and the run's measured step costs, and the predicted rollout times are printed beside
+  the measured ones.
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 
 from verl_tlt.commands import add_command, add_group, positive_int, run_alone, usage_error
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Adds `simulate` and its commands to the `verl-tlt` command tree."""
-    simulate = add_group(subparsers, "simulate", "the RL-step simulator: replay recorded rollouts")
+    simulate = add_group(subparsers, "simulate", "the RL-step simulator: what TLT buys on a cluster, and why")
+    run = add_command(
+        simulate, "run", _run_scenario, "simulate a scenario's RL steps: the baseline, TLT and the runs it names"
+    )
+    run.add_argument(
+        "--config", required=True, help="a preset name (`verl-tlt simulate presets`) or a scenario YAML file"
+    )
+    run.add_argument(
+        "--set",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override scenario keys, dotted (cluster.nodes=8 tlt.threshold=16 runs=[baseline,tlt])",
+    )
+    run.add_argument("--json", help="write every run's per-step results to this path")
+    run.add_argument("--plot", help="draw one RL step of every run as a Gantt chart to this PNG (needs matplotlib)")
+    run.add_argument("--plot-step", type=int, default=-1, help="which RL step to draw (0-based; -1 = the last)")
+    paper = add_command(
+        simulate, "paper", _run_paper, "the TLT paper's scaling table simulated from the presets, with ablations"
+    )
+    paper.add_argument("--steps", type=positive_int, help="RL steps per cell (default: the presets')")
+    paper.add_argument(
+        "--no-projection", action="store_true", help="skip the 8-node projection of verl-tlt's additions"
+    )
+    paper.add_argument("--json", help="write the table to this path")
+    add_command(simulate, "presets", _run_presets, "list the scenario presets")
     replay = add_command(
         simulate, "replay", _run_replay, "predict each recorded rollout's time from its requests and measured costs"
     )
@@ -65,3 +94,93 @@ def _run_replay(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, results)
     return 0
+
+
+def _run_presets(args: argparse.Namespace) -> int:
+    from verl_tlt.sim.scenario import load, preset_names
+
+    for name in preset_names():
+        scenario, _ = load(name)
+        print(f"{name}: {scenario.description}")
+    return 0
+
+
+def _run_scenario(args: argparse.Namespace) -> int:
+    from verl_tlt.files import write_json
+    from verl_tlt.progress import format_duration
+    from verl_tlt.sim.report import run_json, run_lines
+    from verl_tlt.sim.rl_step import simulate_scenario
+    from verl_tlt.sim.scenario import load
+
+    try:
+        scenario, base_dir = load(args.config, dict(_parse_override(args, item) for item in args.set))
+    except ValueError as error:
+        usage_error(args, str(error))
+    started = time.monotonic()
+    print(f"simulating {', '.join(scenario.runs)} ({scenario.steps} RL steps each) ...", flush=True)
+
+    def report(run: str) -> None:
+        print(f"  {run} done ({format_duration(time.monotonic() - started)})", flush=True)
+
+    try:
+        runs = simulate_scenario(scenario, base_dir, keep_timelines=bool(args.plot), progress=report)
+    except ValueError as error:
+        usage_error(args, str(error))
+    print("\n".join(run_lines(scenario, runs)))
+    if args.json:
+        write_json(args.json, run_json(scenario, runs))
+        print(f"wrote {args.json}")
+    if args.plot:
+        from verl_tlt.sim.plot import plot_step
+
+        step = args.plot_step if args.plot_step >= 0 else scenario.steps + args.plot_step
+        if not 0 <= step < scenario.steps:
+            usage_error(args, f"--plot-step {args.plot_step} is outside the {scenario.steps} simulated steps")
+        print(f"wrote {plot_step(runs, step, args.plot)} (RL step {step})")
+    return 0
+
+
+def _run_paper(args: argparse.Namespace) -> int:
+    from verl_tlt.files import write_json
+    from verl_tlt.progress import format_duration
+    from verl_tlt.sim.paper import PAPER_CELLS, PROJECTIONS, simulate_paper, simulate_projection
+    from verl_tlt.sim.report import paper_json, paper_lines
+
+    started, done = time.monotonic(), [0]
+    total = len(PAPER_CELLS) + (0 if args.no_projection else len(PROJECTIONS))
+
+    def report(what: str) -> None:
+        done[0] += 1
+        elapsed = time.monotonic() - started
+        left = format_duration(elapsed / done[0] * (total - done[0]))
+        print(f"  [{done[0]}/{total}] {what} ({format_duration(elapsed)}, about {left} left)", flush=True)
+
+    print(f"simulating {total} scenarios (every run of each; about a minute) ...", flush=True)
+    cells = simulate_paper(args.steps, progress=report)
+    projection = None if args.no_projection else simulate_projection(args.steps, progress=report)
+    print("\n".join(paper_lines(cells, projection)))
+    if args.json:
+        write_json(args.json, paper_json(cells, projection))
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _parse_override(args: argparse.Namespace, item: str) -> tuple[str, object]:
+    """KEY=VALUE, the value read as YAML (numbers, lists, booleans), '1e-3' style numbers included."""
+    import yaml
+
+    key, sep, text = item.partition("=")
+    if not sep or not key:
+        usage_error(args, f"--set {item!r}: expected KEY=VALUE, e.g. cluster.nodes=8")
+    try:
+        return key, float(text) if _looks_like_float(text) else yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        usage_error(args, f"--set {item!r}: the value is not YAML ({error})")
+
+
+def _looks_like_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return not text.strip().lstrip("+-").isdigit()  # integers stay integers
