@@ -25,6 +25,7 @@ LEAVES = [
     ("simulate", "run"),
     ("simulate", "paper"),
     ("simulate", "presets"),
+    ("simulate", "calibrate"),
     ("simulate", "replay"),
     ("bench", "engine"),
     ("bench", "verify"),

@@ -44,6 +44,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     paper.add_argument("--json", help="write the table to this path")
     add_command(simulate, "presets", _run_presets, "list the scenario presets")
+    calibrate = add_command(
+        simulate,
+        "calibrate",
+        _run_calibrate,
+        "fit a scenario to a baseline and a frozen-drafter run's rollout records (the quickstart-cpu preset)",
+    )
+    calibrate.add_argument("--baseline", required=True, help="the TLT-off run's rollout records (rollout_trace.jsonl)")
+    calibrate.add_argument(
+        "--speculative", required=True, help="a TLT run's rollout records, best the frozen-drafter run's"
+    )
+    calibrate.add_argument(
+        "--summary",
+        help="the quickstart's summary.json, for the baseline's non-rollout seconds per step (or give --other-s)",
+    )
+    calibrate.add_argument("--other-s", type=float, help="seconds per RL step outside the rollout")
+    calibrate.add_argument("--strategies", nargs="+", default=["4_1_4", "2_1_2"], help="the TLT run's strategies")
+    calibrate.add_argument("--threshold", type=positive_int, default=32, help="the TLT run's threshold")
+    calibrate.add_argument("--out", required=True, help="write OUT.yaml (the scenario) and OUT-lengths.json")
+    calibrate.add_argument("--source", action="append", default=[], help="a line for the scenario's sources")
     replay = add_command(
         simulate, "replay", _run_replay, "predict each recorded rollout's time from its requests and measured costs"
     )
@@ -184,3 +203,60 @@ def _looks_like_float(text: str) -> bool:
     except ValueError:
         return False
     return not text.strip().lstrip("+-").isdigit()  # integers stay integers
+
+
+def _run_calibrate(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    import yaml
+
+    from verl_tlt.sim.calibration import read_rollouts
+    from verl_tlt.sim.fit import quickstart_scenario
+
+    try:
+        baseline, speculative = read_rollouts(args.baseline), read_rollouts(args.speculative)
+    except (OSError, ValueError, KeyError) as error:
+        usage_error(args, f"cannot read the rollout records: {error}")
+    other_s = args.other_s if args.other_s is not None else _other_seconds(args)
+    out = Path(args.out)
+    lengths_path = out.with_name(out.name + "-lengths.json")
+    lengths = [[n for replica in rollout.replicas for n in replica.lengths] for rollout in baseline[0]]
+    lengths_path.parent.mkdir(parents=True, exist_ok=True)
+    lengths_path.write_text(json.dumps(lengths) + "\n")
+    try:
+        values = quickstart_scenario(
+            baseline,
+            speculative,
+            lengths_file=lengths_path.name,
+            other_s=other_s,
+            strategies=args.strategies,
+            threshold=args.threshold,
+            sources=args.source,
+        )
+    except ValueError as error:
+        usage_error(args, str(error))
+    scenario_path = out.with_name(out.name + ".yaml")
+    header = "# Written by `verl-tlt simulate calibrate` from measured rollout records; see `sources`.\n"
+    scenario_path.write_text(header + yaml.safe_dump(values, sort_keys=False, width=118))
+    for line in values["sources"]:
+        print(f"  {line}")
+    print(f"wrote {scenario_path} and {lengths_path}")
+    return 0
+
+
+def _other_seconds(args: argparse.Namespace) -> float:
+    """The baseline's mean step time minus its rollout time, from the quickstart's summary.json."""
+    import json
+    from pathlib import Path
+
+    if not args.summary:
+        usage_error(args, "give --summary <quickstart out>/summary.json or --other-s SECONDS")
+    try:
+        steps = json.loads(Path(args.summary).read_text())["runs"]["baseline"]
+        others = [row["step_s"] - row["rollout_s"] for row in steps if row.get("step_s") and row.get("rollout_s")]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        usage_error(args, f"--summary {args.summary}: no baseline step and rollout times ({error})")
+    if not others:
+        usage_error(args, f"--summary {args.summary}: the baseline run has no step with both times")
+    return sum(others) / len(others)

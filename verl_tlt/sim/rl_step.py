@@ -102,14 +102,19 @@ def simulate_run(scenario: Scenario, run: str, base_dir: Path | None = None, kee
         timelines = []
         for replica in range(replicas):
             mine = requests[replica::replicas]  # verl splits a step's requests evenly over the replicas
+            spread = scenario.batch.arrival_spread_s
+            arrivals = [spread * (replica + i * replicas) / len(requests) for i in range(len(mine))]
             if not mine:
                 timelines.append(ReplicaTimeline())
                 continue
             steps_model = PolicySteps(cost, policies[replica], acceptance)
-            prefill_s = cost.target.step_seconds(len(mine), max(1, round(sum(c for _, c in mine) / len(mine))))
+            prefill_s = scenario.prefill_s
+            if prefill_s is None:  # the prompts' forward, priced by the cost model
+                prefill_s = cost.target.step_seconds(len(mine), max(1, round(sum(c for _, c in mine) / len(mine))))
             timeline, _ = simulate_replica(
                 [tokens for tokens, _ in mine],
                 steps_model,
+                arrivals=arrivals,
                 max_num_seqs=scenario.max_num_seqs,
                 prefill_s=prefill_s,
                 prompt_tokens=[context for _, context in mine],

@@ -47,6 +47,7 @@ class Batch:
     prompt_tokens: int
     prompts: int = 0  # prompts per RL step; or
     prompts_per_node: int = 0  # prompts per node and step (the batch grows with the cluster)
+    arrival_spread_s: float = 0.0  # requests reach the replicas evenly over this many seconds (0: all at once)
 
     def prompts_for(self, nodes: int) -> int:
         return self.prompts or self.prompts_per_node * nodes
@@ -111,6 +112,12 @@ class Scenario:
 
     # ----- models --------------------------------------------------------------------------------------------
 
+    @property
+    def prefill_s(self) -> float | None:
+        """decode.prefill_s: measured seconds per admission, instead of the cost model's price of the prompts."""
+        value = self.decode.get("prefill_s")
+        return None if value is None else float(value)
+
     def length_model(self, base_dir: Path | None = None) -> GroupLengths | TraceLengths:
         values = dict(self.lengths)
         if "trace" in values:
@@ -129,6 +136,7 @@ class Scenario:
                     f"{', '.join(ACCELERATORS)}"
                 )
             level_s = values.pop("draft_level_s")
+            values.pop("prefill_s", None)
             target = _construct(
                 "decode",
                 RooflineCost,
@@ -140,11 +148,13 @@ class Scenario:
             return SpeculativeCost(target, drafter=DraftLevelCost(target, level_s))
         if kind == "linear":
             fraction = values.pop("drafter_fraction", 0.0)
+            values.pop("prefill_s", None)
             return SpeculativeCost(_construct("decode", LinearCost, values), drafter_fraction=fraction)
         if kind == "measured":
             from verl_tlt.sim.measured_cost import MeasuredCost
 
             fraction = values.pop("drafter_fraction", 0.0)
+            values.pop("prefill_s", None)
             path = Path(values.pop("path"))
             _refuse_unknown("decode", values, ("dtype", "mode"))
             path = path if path.is_absolute() or base_dir is None else base_dir / path
