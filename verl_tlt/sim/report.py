@@ -12,6 +12,7 @@ from verl_tlt.sim.scenario import Scenario
 RUN_HEADER = (
     f"{'run':<14}{'step s':>8}{'rollout s':>10}{'train s':>9}{'e2e x':>7}{'rollout x':>10}{'tail s':>8}"
     f"{'SD share':>9}{'accept':>8}{'idle GPU-s':>11}{'harvested':>10}{'quality':>8}"
+    f"{'idle %':>7}{'used %':>7}"
 )
 
 
@@ -34,6 +35,7 @@ def run_lines(scenario: Scenario, runs: dict[str, RunResult]) -> list[str]:
             f"{_mean(steps, 'acceptance'):>8.2f}{_mean(steps, 'idle_gpu_s'):>11.0f}"
             f"{_mean(steps, 'harvested_gpu_s'):>10.0f}"
             f"{_mean(steps, 'quality'):>8.2f}"
+            f"{100 * _share(steps, 'idle_gpu_s'):>6.0f}%{100 * _share(steps, 'harvested_gpu_s'):>6.0f}%"
         )
     base = runs["baseline"]
     lengths = sorted(n for step in base.steps for n in step.lengths)
@@ -129,6 +131,12 @@ def paper_json(cells: list[CellResult], projection: dict[str, dict[str, float]] 
         ],
         "projection": projection or {},
     }
+
+
+def _share(steps, key: str) -> float:
+    """GPU-seconds of `key` over the rollout's GPU-seconds, summed over the steps."""
+    total = sum(step.rollout_gpu_s for step in steps)
+    return sum(getattr(step, key) for step in steps) / total if total else 0.0
 
 
 def _mean(steps, key: str) -> float:
