@@ -5,7 +5,9 @@
 # (e.g. copy toy-target-v1-seed0 and toy-drafter-v4-toy-target-v1-seed0-steps1200 into .gpu_cache/, which git
 # ignores, and set VERL_TLT_CACHE=$PWD/.gpu_cache: nothing then needs training on the GPU machine).
 # Each step has its own time limit and the script goes on after a failure, so that one broken step does not cost
-# the rest of a short GPU session; the limits add up to under 10 minutes. Results: OUT_DIR/*.json and *.log.
+# the rest of a short GPU session; the limits add up to about 12 minutes. To fit a shorter session, name the steps to
+# run: GPU_CHECKS_STEPS="gpu_tests verify_qwen2.5-7b" bash scripts/gpu_checks.sh OUT_DIR (default: all of them).
+# Results: OUT_DIR/*.json and *.log.
 set -u
 out="${1:?usage: scripts/gpu_checks.sh OUT_DIR}"
 mkdir -p "$out"
@@ -15,6 +17,9 @@ python=${PYTHON:-python3}
 step() {  # step NAME SECONDS COMMAND...
     local name=$1 limit=$2
     shift 2
+    if [ -n "${GPU_CHECKS_STEPS:-}" ] && [[ " $GPU_CHECKS_STEPS " != *" $name "* ]]; then
+        return 0
+    fi
     echo "=== $name (limit ${limit}s)"
     timeout "$limit" "$@" >"$out/$name.log" 2>&1
     echo "=== $name: exit $?"
@@ -22,10 +27,18 @@ step() {  # step NAME SECONDS COMMAND...
 }
 
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
-step gpu_tests 150 "$python" -m pytest -q -m gpu tests/engine/test_engine_cuda.py tests/engine/test_eagle_inference.py
+step gpu_tests 150 "$python" -m pytest -q -m gpu tests/engine/test_engine_cuda.py tests/engine/test_eagle_inference.py \
+    tests/bench/test_verify_bench.py
 step sd_graphs 120 "$python" -m verl_tlt.cli bench sd --device cuda --cuda-graphs --strategies 4_1_4 2_1_2 \
     --acceptance-prompts 8 --json "$out/sd_graphs.json"
 step sd_plain 120 "$python" -m verl_tlt.cli bench sd --device cuda --strategies 4_1_4 2_1_2 \
     --acceptance-prompts 8 --json "$out/sd.json"
 step adaptive_graphs 160 "$python" -m verl_tlt.cli bench adaptive --device cuda --cuda-graphs \
     --json "$out/adaptive_graphs.json"
+# The simulator's calibration: the engine's bf16 target forward in Qwen2.5-7B's shape (random weights, built on the
+# GPU), plain decode (k = 0) and verify widths 2-64 at batch 1-64. The SD-overhead part is skipped (--sd-steps 0) so
+# that nothing but the forward grid stands between the run and its JSON. Estimated (never run) at about a minute on
+# an H100/H200, model build included; the limit leaves room for a slower start.
+step verify_qwen2.5-7b 180 "$python" -m verl_tlt.cli bench verify --device cuda --model qwen2.5-7b \
+    --dtypes bfloat16 --batch-sizes 1 2 4 8 16 32 64 --ks 0 1 2 4 8 16 32 63 --repeats 5 --sd-steps 0 \
+    --json "$out/verify_qwen2.5-7b_cuda.json"

@@ -63,51 +63,50 @@ def _run_engine(args: argparse.Namespace) -> int:
 
 # ----- verify ------------------------------------------------------------------------------------------------
 
+# Kept here rather than imported, so that `--help` does not import torch; a test checks them against verify_bench.
+VERIFY_MODELS = ["qwen2-150m", "qwen2-tiny", "qwen2.5-7b"]
+VERIFY_CPU_MAX_GIB = 8
+
 
 def _add_verify(bench: argparse._SubParsersAction) -> None:
-    verify = add_command(
-        bench, "verify", _run_verify, "target forward cost vs draft tokens verified (k), and SD step overhead"
-    )
+    about = "target forward cost vs draft tokens verified (k), and SD step overhead"
+    verify = add_command(bench, "verify", _run_verify, about)
     verify.add_argument("--json", help="write results to this path")
-    verify.add_argument(
-        "--model", choices=["qwen2-150m", "qwen2-tiny"], default="qwen2-150m", help="random-weight Qwen2 to measure"
-    )
-    verify.add_argument(
-        "--batch-sizes", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32], help="rows verified together"
-    )
-    verify.add_argument("--ks", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32, 64], help="draft tokens verified")
-    verify.add_argument(
-        "--dtypes", nargs="+", choices=["float32", "bfloat16"], default=["float32", "bfloat16"], help="model dtypes"
-    )
-    verify.add_argument(
-        "--modes", nargs="+", choices=["chain", "tree"], default=["chain", "tree"], help="draft shapes verified"
-    )
+    model_help = "random-weight Qwen2 shape to measure (qwen2.5-7b: 15 GB in bf16, for --device cuda)"
+    verify.add_argument("--model", choices=VERIFY_MODELS, default="qwen2-150m", help=model_help)
+    verify.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the target is built and run")
+    large_help = f"run a model over {VERIFY_CPU_MAX_GIB} GiB of weights (e.g. qwen2.5-7b) on --device cpu anyway"
+    verify.add_argument("--allow-large-cpu", action="store_true", help=large_help)
+    batch_sizes = [1, 2, 4, 8, 16, 32]
+    verify.add_argument("--batch-sizes", nargs="+", type=int, default=batch_sizes, help="rows verified together")
+    ks_help = "draft tokens verified (width k + 1 a row); 0 = a plain decode step (width 1)"
+    verify.add_argument("--ks", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32, 64], help=ks_help)
+    dtypes, modes = ["float32", "bfloat16"], ["chain", "tree"]
+    verify.add_argument("--dtypes", nargs="+", choices=dtypes, default=dtypes, help="model dtypes")
+    verify.add_argument("--modes", nargs="+", choices=modes, default=modes, help="draft shapes verified")
     verify.add_argument("--context-len", type=int, default=256, help="tokens in the cache before each verify")
     verify.add_argument("--repeats", type=int, default=3, help="timed calls per cell, the best kept")
-    verify.add_argument("--sd-steps", type=int, default=20, help="measured speculative steps for the SD overhead")
+    sd_help = "measured speculative steps for the SD overhead (batch 1, first of --dtypes); 0 skips it"
+    verify.add_argument("--sd-steps", type=int, default=20, help=sd_help)
     verify.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
 
 
 def _run_verify(args: argparse.Namespace) -> int:
     import torch
 
+    from verl_tlt.bench.verify_bench import device_problem
     from verl_tlt.bench.verify_bench import run as run_verify
 
-    if min(args.batch_sizes + args.ks + [args.context_len, args.repeats, args.sd_steps]) < 1:
-        usage_error(args, "--batch-sizes, --ks, --context-len, --repeats and --sd-steps must be >= 1")
+    if min(args.batch_sizes + [args.context_len, args.repeats]) < 1:
+        usage_error(args, "--batch-sizes, --context-len and --repeats must be >= 1")
+    if min(args.ks) < 0 or args.sd_steps < 0:
+        usage_error(args, f"--ks and --sd-steps must be >= 0, got --ks {args.ks} and --sd-steps {args.sd_steps}")
+    if problem := device_problem(args.device, args.model, args.dtypes, args.allow_large_cpu):
+        usage_error(args, problem)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    run_verify(
-        args.json,
-        args.model,
-        args.batch_sizes,
-        args.ks,
-        args.dtypes,
-        args.modes,
-        args.context_len,
-        args.repeats,
-        sd_steps=args.sd_steps,
-    )
+    grid = options(args, "model", "batch_sizes", "ks", "dtypes", "modes", "context_len", "repeats")
+    run_verify(args.json, **grid, sd_steps=args.sd_steps, device=args.device)
     return 0
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,8 @@ class BenchModel:
     num_kv_heads: int
     intermediate_size: int
     vocab_size: int
+    # Small models share the embedding with the LM head; Qwen2.5-7B and larger have their own LM head.
+    tie_word_embeddings: bool = True
 
 
 MODELS = {
@@ -41,26 +44,40 @@ MODELS = {
 }
 
 
-def build_model(spec: BenchModel, path: Path):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def qwen2_config(spec: BenchModel):
+    """The transformers Qwen2Config of a bench model (random weights: only the shape matters)."""
+    from transformers import Qwen2Config
 
-    torch.manual_seed(0)
-    config = Qwen2Config(
+    return Qwen2Config(
         vocab_size=spec.vocab_size,
         hidden_size=spec.hidden_size,
         num_hidden_layers=spec.num_layers,
         num_attention_heads=spec.num_heads,
         num_key_value_heads=spec.num_kv_heads,
         intermediate_size=spec.intermediate_size,
-        tie_word_embeddings=True,
+        tie_word_embeddings=spec.tie_word_embeddings,
         max_position_embeddings=4096,
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=0,
     )
-    model = Qwen2ForCausalLM(config).eval()
+
+
+def build_model(spec: BenchModel, path: Path):
+    from transformers import Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(qwen2_config(spec)).eval()
     model.save_pretrained(path)
     return model
+
+
+def synchronizer(device: torch.device) -> Callable[[], None]:
+    """A call that waits for `device`'s queued work: CUDA runs kernels asynchronously, so a clock read right after a
+    launch would time the launch, not the work. A no-op on the CPU."""
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
 
 
 def time_call(fn, repeats: int, progress: Progress | None = None) -> float:

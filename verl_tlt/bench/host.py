@@ -14,6 +14,12 @@ def host_info() -> dict:
     return {"processor": host_processor(), "torch_threads": torch.get_num_threads(), "commit": git_commit()}
 
 
+def device_info(device: torch.device) -> dict:
+    """The device the numbers were measured on: its kind, its name (the GPU's, or the CPU's model) and torch's build."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else host_processor()
+    return {"device": device.type, "device_name": name, "torch_version": torch.__version__, "cuda": torch.version.cuda}
+
+
 def host_processor() -> str:
     """The CPU's model name (/proc/cpuinfo; `platform.processor()` is often just the architecture on Linux)."""
     try:

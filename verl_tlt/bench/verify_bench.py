@@ -1,40 +1,37 @@
 """`verl-tlt bench verify`: what one target forward costs when it verifies k draft tokens, and the SD step overhead.
 
+The target is a random-weight Qwen2 of a named shape (`MODELS`), built directly on the device in each dtype
+(`random_target`: no checkpoint, no fp32 copy on the host), one dtype after the other.
+
 Verify cost. For each dtype the engine prefills `context_len` random tokens into max(batch_sizes) cache slots
 (one real prefill `step()`). Then, for each batch size (the first `batch_size` slots), mode and k, a draft tree of
-k nodes plus the root (k + 1 tokens) is verified exactly as `RolloutEngine._decode_speculative` does it:
-`tree_forward_layout` (outside the timing), then `engine._forward` and `engine.model.logits` on every node (timed).
-The forward writes only scratch positions after each row's prefix, so repeating it leaves the cache valid. Chain
-trees have parents[i] = i - 1; tree mode fills an EAGLE-2 like tree breadth first with 4 children per node. Each
-cell is timed as the best of `repeats` calls after one warm-up; cost_vs_k1 = time(k) / time(k=1) for the same
-(mode, dtype, batch_size).
+k nodes plus the root (width k + 1 tokens a row) is verified exactly as `RolloutEngine._decode_speculative` does
+it: `tree_forward_layout` (outside the timing), then `engine._forward` and `engine.model.logits` on every node
+(timed). k = 0 is a plain decode step (the root alone, width 1): the same layout and mask as
+`RolloutEngine._decode`, run as a "decode" forward. The forward writes only scratch positions after each row's
+prefix, so repeating it leaves the cache valid. Chain trees have parents[i] = i - 1; tree mode fills an EAGLE-2
+like tree breadth first with 4 children per node. Each cell is timed as the best of `repeats` calls after one
+warm-up call of the same shape; on CUDA every call ends with a synchronize, so the clock reads the kernels' time,
+not their launch. cost_vs_k1 = time(k) / time(k=1) for the same (mode, dtype, batch_size); k = 1 is always
+measured first.
 
-SD overhead. At batch 1 in fp32, real speculative steps `engine.step(strategy)` run with a cheap stateless drafter
-(the target's embedding -> final norm -> LM head, no layers; it still asks for hidden states like an EAGLE head, so
-the engine's hidden-state bookkeeping is included). Each step is timed whole, along with the target forward inside
-it (`engine._forward` + `engine.model.logits`) and the drafter calls (`begin` + `expand`). Overhead = step - target -
-drafter: the tree search, masks, sampling/verification, KV compaction and bookkeeping. The fraction is summed
-overhead / summed step time over the measured steps after warm-up.
+SD overhead (`sd_overhead`): in the first of the requested dtypes, at batch 1, unless `sd_steps` is 0.
 
-All numbers come from one run on one (noisy) machine; they are ratios to read, not tests.
+All numbers come from one run on one (noisy) machine; the JSON records where (device, its name, torch, commit).
 """
 
 from __future__ import annotations
 
-import tempfile
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
-
 import torch
-import torch.nn.functional as F
 
-from verl_tlt.bench.engine_bench import BenchModel, build_model, time_call
+from verl_tlt.bench.engine_bench import BenchModel, synchronizer, time_call
+from verl_tlt.bench.host import device_info, host_info
+from verl_tlt.bench.random_target import build_target, model_spec, num_parameters, weight_bytes
+from verl_tlt.bench.sd_overhead import SD_STRATEGIES, EmbeddingDrafter, bench_sd_overhead, print_sd
 from verl_tlt.engine import RolloutEngine, SamplingParams
-from verl_tlt.engine.drafter import DraftContext, Drafter
 from verl_tlt.engine.speculative import tree_forward_layout
 from verl_tlt.files import write_json
+from verl_tlt.modeling.model import CausalLM
 from verl_tlt.progress import Progress
 from verl_tlt.spec.tree import DraftTree
 
@@ -43,11 +40,42 @@ MODELS = {
     "qwen2-150m": BenchModel("qwen2-150m", 768, 12, 12, 4, 3072, 49152),
     # A tiny Qwen2 for smoke tests.
     "qwen2-tiny": BenchModel("qwen2-tiny", 64, 2, 4, 2, 128, 97),
+    # Qwen2.5-7B's shape (7.6B parameters, own LM head): 15 GB in bf16, a GPU-only measurement.
+    "qwen2.5-7b": BenchModel("qwen2.5-7b", 3584, 28, 28, 4, 18944, 152064, tie_word_embeddings=False),
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 MODES = ("chain", "tree")
 TREE_BRANCHING = 4
-SD_STRATEGIES = ("6_4_16", "4_1_4")
+# Weights above this refuse to run on the CPU without an explicit override: a 7B forward there takes minutes.
+CPU_MAX_WEIGHT_BYTES = 8 << 30
+
+
+def device_problem(device: str, model: str, dtypes: list[str], allow_large_cpu: bool) -> str | None:
+    """Why the bench cannot run `model` in `dtypes` on `device` (what is wrong and the fix), or None if it can."""
+    if device == "cuda" and not torch.cuda.is_available():
+        build = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        return (
+            f"--device cuda, but torch {torch.__version__} sees no CUDA device ({build}); run it on a GPU machine "
+            "with a CUDA build of torch, or use --device cpu"
+        )
+    if device == "cpu" and not allow_large_cpu:
+        return cpu_size_problem(model, dtypes)
+    return None
+
+
+def cpu_size_problem(model: str, dtypes: list[str]) -> str | None:
+    """Why `model` in `dtypes` is too big for a CPU bench (what is wrong and the fix), or None if it is not."""
+    spec = model_spec(MODELS[model])
+    sizes = {name: weight_bytes(spec, DTYPES[name]) for name in dtypes}
+    too_big = {name: size for name, size in sizes.items() if size > CPU_MAX_WEIGHT_BYTES}
+    if not too_big:
+        return None
+    listed = ", ".join(f"{size / 1e9:.1f} GB in {name}" for name, size in too_big.items())
+    return (
+        f"--model {model} has {num_parameters(spec) / 1e9:.2f}B parameters ({listed}): too big for a CPU bench "
+        f"(over {CPU_MAX_WEIGHT_BYTES >> 30} GiB of weights; a forward of the larger cells takes minutes there). "
+        "Run it with --device cuda, or pass --allow-large-cpu to run it on the CPU anyway"
+    )
 
 
 # ----- draft-tree shapes -----------------------------------------------------------------------------------
@@ -62,25 +90,28 @@ def tree_parents(mode: str, k: int) -> list[int]:
     raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
 
 
-def make_tree(mode: str, batch_size: int, k: int, vocab_size: int, generator: torch.Generator) -> DraftTree:
-    """A batch of identical-shape draft trees with k draft nodes plus the root and random tokens."""
+def make_tree(
+    mode: str, batch_size: int, k: int, vocab_size: int, generator: torch.Generator, device: torch.device | str = "cpu"
+) -> DraftTree:
+    """A batch of identical-shape draft trees with k draft nodes plus the root and random tokens, on `device`."""
     parents = tree_parents(mode, k)
     depths = [0] * (k + 1)
     for node in range(1, k + 1):
         depths[node] = depths[parents[node]] + 1
-    tokens = torch.randint(3, vocab_size, (batch_size, k + 1), generator=generator)
+    tokens = torch.randint(3, vocab_size, (batch_size, k + 1), generator=generator)  # drawn on the CPU: seeded alike
     return DraftTree(
-        tokens=tokens,
-        parents=torch.tensor(parents).expand(batch_size, k + 1).clone(),
-        depths=torch.tensor(depths).expand(batch_size, k + 1).clone(),
+        tokens=tokens.to(device),
+        parents=torch.tensor(parents, device=device).expand(batch_size, k + 1).clone(),
+        depths=torch.tensor(depths, device=device).expand(batch_size, k + 1).clone(),
     )
 
 
 # ----- engine setup ----------------------------------------------------------------------------------------
 
 
-def load_engine(checkpoint: Path, dtype: torch.dtype, max_num_seqs: int, **kwargs) -> RolloutEngine:
-    return RolloutEngine.from_pretrained(str(checkpoint), dtype=dtype, max_num_seqs=max_num_seqs, **kwargs)
+def make_engine(model: CausalLM, max_num_seqs: int) -> RolloutEngine:
+    # No EOS ids: every bench request ignores EOS.
+    return RolloutEngine(model, eos_token_ids=(), max_num_seqs=max_num_seqs)
 
 
 def prefill(engine: RolloutEngine, batch_size: int, context_len: int, generator: torch.Generator) -> None:
@@ -95,25 +126,24 @@ def prefill(engine: RolloutEngine, batch_size: int, context_len: int, generator:
         raise RuntimeError(f"prefill left cache lengths {engine.cache_lens}, expected {context_len} per row")
 
 
-def params_m(engine: RolloutEngine) -> float:
-    return round(sum(p.numel() for p in engine.model.parameters()) / 1e6, 1)
-
-
 # ----- verify cost -----------------------------------------------------------------------------------------
 
 
 def time_verify(
     engine: RolloutEngine, tree: DraftTree, cache_len: int, repeats: int, progress: Progress | None = None
 ) -> float:
-    """Best-of-`repeats` seconds for one target forward (+ logits at every node) verifying `tree`."""
+    """Best-of-`repeats` seconds for one target forward (+ logits at every node) verifying `tree` (on the device)."""
     batch_size = tree.tokens.shape[0]
-    lens = torch.full((batch_size,), cache_len, dtype=torch.long)
+    lens = torch.full((batch_size,), cache_len, dtype=torch.long, device=engine.device)
     engine.cache.ensure_capacity(engine.cache.num_slots, cache_len + tree.num_nodes)
     positions, write_pos, mask = tree_forward_layout(tree, lens)
+    kind = "decode" if tree.num_nodes == 1 else "verify"  # the root alone is a plain decode step
+    sync = synchronizer(engine.device)
 
     def verify() -> None:
-        hidden = engine._forward("verify", tree.tokens, positions, 0, write_pos, mask)
+        hidden = engine._forward(kind, tree.tokens, positions, 0, write_pos, mask)
         engine.model.logits(hidden)
+        sync()  # every call ends with the device idle, so the next clock read starts on an empty queue
 
     with torch.inference_mode():
         return time_call(verify, repeats, progress)
@@ -137,8 +167,8 @@ def bench_dtype(
     for batch_size in batch_sizes:
         for mode in modes:
             base = None
-            for k in sorted(set(ks) | {1}):
-                tree = make_tree(mode, batch_size, k, vocab_size, generator)
+            for k in [1] + sorted(set(ks) - {1}):
+                tree = make_tree(mode, batch_size, k, vocab_size, generator, engine.device)
                 seconds = time_verify(engine, tree, context_len, repeats, progress)
                 if progress is not None:
                     progress.advance(extra=f"{dtype_name} {mode} bs={batch_size} k={k}")
@@ -160,130 +190,26 @@ def bench_dtype(
                     flush=True,
                 )
     engine.reset()
+    engine.release_cache()  # before the next engine (SD overhead, or the next dtype) allocates its own
     return rows
 
 
-# ----- SD step overhead ------------------------------------------------------------------------------------
-
-
-class EmbeddingDrafter(Drafter):
-    """A cheap stateless drafter from the target's own weights: embedding -> final norm -> LM head (no layers).
-
-    It asks for the target's hidden states (like an EAGLE head) so the engine's bookkeeping for them is measured,
-    but ignores them. Its LM head is applied with F.linear, not `model.logits`, so timing wrappers on the target's
-    `logits` never count drafter work as target work.
-    """
-
-    uses_hidden_states = True
-
-    def __init__(self, model: torch.nn.Module):
-        self.embed, self.norm = model.model.embed_tokens, model.model.norm
-        self.head_weight = model.lm_head.weight
-
-    @property
-    def vocab_size(self) -> int:
-        return self.head_weight.shape[0]
-
-    def begin(self, rows: list[DraftContext]) -> torch.Tensor:
-        roots = torch.tensor([row.token_ids[-1] for row in rows], device=self.head_weight.device)
-        return self._logits(roots)
-
-    def expand(self, node_ids: torch.Tensor, parent_ids: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        return self._logits(tokens)
-
-    def _logits(self, tokens: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.norm(self.embed(tokens)), self.head_weight)
-
-
-@dataclass
-class Stopwatch:
-    """Seconds accumulated by the calls wrapped with `wrap`."""
-
-    seconds: float = 0.0
-
-    def wrap(self, fn: Callable) -> Callable:
-        def timed(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.seconds += time.perf_counter() - start
-
-        return timed
-
-
-def instrument(engine: RolloutEngine, drafter: Drafter) -> tuple[Stopwatch, Stopwatch]:
-    """Wrap the target forward (+ logits) and the drafter calls of `engine` with stopwatches (instance attributes)."""
-    target, draft = Stopwatch(), Stopwatch()
-    engine._forward = target.wrap(engine._forward)
-    engine.model.logits = target.wrap(engine.model.logits)
-    drafter.begin = draft.wrap(drafter.begin)
-    drafter.expand = draft.wrap(drafter.expand)
-    return target, draft
-
-
-def bench_sd_overhead(checkpoint: Path, strategy: str, context_len: int, steps: int, warmup: int) -> dict:
-    """Mean step / target / drafter / overhead times of `steps` speculative steps at batch 1, fp32."""
-    engine = load_engine(checkpoint, torch.float32, 1)
-    drafter = EmbeddingDrafter(engine.model)
-    engine.set_drafter(drafter)
-    prefill(engine, 1, context_len, torch.Generator().manual_seed(3))
-    for _ in range(warmup):
-        engine.step(strategy)
-    target, draft = instrument(engine, drafter)
-    step_s = 0.0
-    for _ in range(steps):
-        start = time.perf_counter()
-        engine.step(strategy)
-        step_s += time.perf_counter() - start
-    if not engine.running:
-        raise RuntimeError("the request finished during the measured steps; lower the number of steps")
-    request = engine.running[0]
-    overhead_s = step_s - target.seconds - draft.seconds
-    return {
-        "strategy": strategy,
-        "steps": steps,
-        "step_ms": round(step_s / steps * 1e3, 3),
-        "target_forward_ms": round(target.seconds / steps * 1e3, 3),
-        "drafter_ms": round(draft.seconds / steps * 1e3, 3),
-        "overhead_ms": round(overhead_s / steps * 1e3, 3),
-        "overhead_fraction": round(overhead_s / step_s, 4),
-        # Tokens emitted per verify step (accepted drafts + the bonus token), warm-up steps included.
-        "tokens_per_step": round(
-            (request.num_accepted_tokens + request.num_verify_steps) / request.num_verify_steps, 3
-        ),
-    }
-
-
-def print_sd(entry: dict) -> None:
-    print(
-        f"sd step {entry['strategy']:>7} bs=1 float32: step {entry['step_ms']:.2f} ms = target "
-        f"{entry['target_forward_ms']:.2f} + drafter {entry['drafter_ms']:.2f} + overhead {entry['overhead_ms']:.2f} "
-        f"ms ({100 * entry['overhead_fraction']:.1f}% of the step), {entry['tokens_per_step']:.2f} tokens/step",
-        flush=True,
-    )
+def sd_overhead(model: CausalLM, context_len: int, steps: int, warmup: int, progress: Progress) -> list[dict]:
+    """One `sd_overhead` entry per strategy, each on a fresh batch-1 engine over `model`."""
+    entries = []
+    for strategy in SD_STRATEGIES:
+        engine = make_engine(model, 1)
+        engine.set_drafter(EmbeddingDrafter(model))  # before the prefill, which records the hidden states it asks for
+        prefill(engine, 1, context_len, torch.Generator().manual_seed(3))
+        entries.append(bench_sd_overhead(engine, strategy, steps, warmup))
+        engine.reset()
+        engine.release_cache()
+        progress.advance(extra=f"SD step overhead {strategy}")
+        print_sd(entries[-1])
+    return entries
 
 
 # ----- entry point -----------------------------------------------------------------------------------------
-
-
-def verify_rows(
-    checkpoint: Path,
-    batch_sizes: list[int],
-    ks: list[int],
-    dtypes: list[str],
-    modes: list[str],
-    context_len: int,
-    repeats: int,
-    progress: Progress | None = None,
-) -> list[dict]:
-    """Verify-cost rows for every dtype, one engine per dtype (its cache holds max(batch_sizes) rows)."""
-    rows = []
-    for dtype_name in dtypes:
-        engine = load_engine(checkpoint, DTYPES[dtype_name], max(batch_sizes))
-        rows += bench_dtype(engine, dtype_name, modes, batch_sizes, ks, context_len, repeats, progress)
-        del engine
-    return rows
 
 
 def run(
@@ -297,38 +223,63 @@ def run(
     repeats: int,
     sd_steps: int = 20,
     sd_warmup: int = 3,
+    device: str = "cpu",
 ) -> dict:
-    """Run both measurements, print a line per row, return (and optionally write) the JSON result."""
-    spec = MODELS[model]
-    with tempfile.TemporaryDirectory() as tmp:
-        checkpoint = Path(tmp) / spec.name
-        build_model(spec, checkpoint)  # saved to disk; the transformers model itself is not needed
-        size_m = params_m(load_engine(checkpoint, torch.float32, 1))
-        print(f"model {spec.name}: {size_m}M parameters, {torch.get_num_threads()} torch threads", flush=True)
-        cells = len(dtypes) * len(batch_sizes) * len(modes) * len(set(ks) | {1}) + len(SD_STRATEGIES)
-        progress = Progress("bench verify", cells, unit="measurements")
-        rows = verify_rows(checkpoint, batch_sizes, ks, dtypes, modes, context_len, repeats, progress)
-        sd = []
-        for strategy in SD_STRATEGIES:
-            sd.append(bench_sd_overhead(checkpoint, strategy, context_len, sd_steps, sd_warmup))
-            progress.advance(extra=f"SD step overhead {strategy}")
-            print_sd(sd[-1])
-    worst = max(sd, key=lambda entry: entry["overhead_fraction"])
+    """Run both measurements (SD overhead only if sd_steps > 0), print a line per row, return (and optionally write)
+    the JSON result."""
+    torch_device = torch.device(device)
+    spec = model_spec(MODELS[model])
+    size_m = round(num_parameters(spec) / 1e6, 1)
+    where = device_info(torch_device)
+    on = f"{device} ({where['device_name']}), {torch.get_num_threads()} torch threads"
+    print(f"model {model}: {size_m}M parameters, {on}", flush=True)
+    cells = len(dtypes) * len(batch_sizes) * len(modes) * len(set(ks) | {1}) + (len(SD_STRATEGIES) if sd_steps else 0)
+    progress = Progress("bench verify", cells, unit="measurements")
+    rows, sd = [], []
+    for index, dtype_name in enumerate(dtypes):
+        target = build_target(spec, torch_device, DTYPES[dtype_name])
+        engine = make_engine(target, max(batch_sizes))
+        rows += bench_dtype(engine, dtype_name, modes, batch_sizes, ks, context_len, repeats, progress)
+        del engine
+        if index == 0 and sd_steps:
+            sd = sd_overhead(target, context_len, sd_steps, sd_warmup, progress)
+        del target
+        if torch_device.type == "cuda":
+            torch.cuda.empty_cache()  # hand the dtype's weights back before the next dtype's are allocated
     result = {
         "benchmark": "verify",
-        "model": spec.name,
+        "model": model,
         "params_m": size_m,
         "context_len": context_len,
-        "torch_threads": torch.get_num_threads(),
-        "timing": "verify: best of repeats after one warm-up; target forward + logits at every node, layout excluded; "
-        f"tree mode: breadth-first, {TREE_BRANCHING} children per node",
+        **where,
+        **host_info(),
+        "batch_sizes": batch_sizes,
+        "ks": ks,
+        "repeats": repeats,
+        "timing": "verify: best of repeats after one warm-up, each call synchronized with the device; target forward "
+        "+ logits at every node, layout excluded; width = k + 1 tokens a row, k = 0 a plain decode step; tree mode: "
+        f"breadth-first, {TREE_BRANCHING} children per node",
         "rows": rows,
-        "sd_drafter": "target embedding -> final norm -> LM head (no layers), hidden-state bookkeeping on",
-        "sd_overhead": sd,
-        "sd_overhead_fraction_bs1": worst["overhead_fraction"],
-        "sd_overhead_fraction_bs1_source": f"max over strategies: {worst['strategy']} (float32, batch 1)",
-        "sd_overhead_fraction_target": 0.10,
+        **sd_summary(sd),
     }
     if json_path:
         write_json(json_path, result)
     return result
+
+
+def sd_summary(sd: list[dict]) -> dict:
+    """The JSON's SD-overhead fields; with no entries (sd_steps 0) the fraction is None."""
+    summary = {
+        "sd_drafter": "target embedding -> final norm -> LM head (no layers), hidden-state bookkeeping on",
+        "sd_overhead": sd,
+        "sd_overhead_fraction_bs1": None,
+        "sd_overhead_fraction_bs1_source": "not measured (sd_steps 0)",
+        "sd_overhead_fraction_target": 0.10,
+    }
+    if sd:
+        worst = max(sd, key=lambda entry: entry["overhead_fraction"])
+        summary["sd_overhead_fraction_bs1"] = worst["overhead_fraction"]
+        summary["sd_overhead_fraction_bs1_source"] = (
+            f"max over strategies: {worst['strategy']} ({worst['dtype']}, batch 1)"
+        )
+    return summary
