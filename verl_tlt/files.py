@@ -30,6 +30,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+# Environment variable naming the cache root; every builder (toy world, target, drafter, kernel plans) reads it here.
+CACHE_ENV = "VERL_TLT_CACHE"
+
+
+def default_cache_root() -> Path:
+    """`$VERL_TLT_CACHE`, else ~/.cache/verl-tlt: where built artefacts (toy models, kernel plans) are kept."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "verl-tlt")
+
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
     """Write `text` to `path` atomically (same-directory temporary file, fsync, rename); creates parent folders."""

@@ -60,4 +60,28 @@ def test_engine_bench_reports_each_cell(tiny_bench_model, caplog):
     with caplog.at_level(logging.INFO, logger="verl_tlt.progress"):
         engine_bench.run(None, [tiny_bench_model], [1, 2], prompt_len=4, new_tokens=2, repeats=1, compile=False)
     lines = [record.getMessage() for record in caplog.records if record.name == "verl_tlt.progress"]
-    assert lines and lines[-1].startswith("bench engine: 2/2 model x batch size cells") and "tiny bs=2" in lines[-1]
+    assert (
+        lines
+        and lines[-1].startswith("bench engine: 2/2 model x batch size x dtype cells")
+        and "tiny bs=2" in lines[-1]
+    )
+
+
+def test_engine_bench_names_the_host_its_kernels_and_the_bandwidth_roofline(tiny_bench_model):
+    result = engine_bench.run(
+        None,
+        [tiny_bench_model],
+        [1],
+        prompt_len=4,
+        new_tokens=4,
+        repeats=1,
+        compile=False,
+        dtypes=["float32", "bfloat16"],
+    )
+    assert result["host"]["processor"] and result["memory_bandwidth_bytes_per_s"] > 0
+    assert [row["dtype"] for row in result["rows"]] == ["float32", "bfloat16"]
+    for row in result["rows"]:
+        assert row["kernels"]["host"].startswith(result["host"]["processor"])
+        assert row["roofline_tokens_per_s"] == pytest.approx(
+            result["memory_bandwidth_bytes_per_s"] / row["weight_bytes"], rel=0.01
+        )

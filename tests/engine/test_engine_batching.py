@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.engine.conftest import EOS
+from tests.engine.conftest import EOS, assert_same_outputs
 from verl_tlt.engine import RolloutEngine, SamplingParams
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18, 19, 20], [21], [30, 31, 32]]
@@ -173,7 +173,7 @@ def test_cpu_layouts_follow_weight_loads(tiny_qwen2):
 
 @pytest.mark.parametrize("rows", [1, 2, 37], ids=["transposed", "transposed_2_rows", "packed_padded"])
 def test_cpu_layouts_match_nn_linear_and_never_serve_a_forward_that_trains(rows):
-    from verl_tlt.modeling import cpu_linear
+    from verl_tlt.modeling import cpu_linear, linear_kernels
     from verl_tlt.modeling.cpu_linear import CpuLayoutLinear
 
     linear = CpuLayoutLinear(512, 512)
@@ -184,7 +184,7 @@ def test_cpu_layouts_match_nn_linear_and_never_serve_a_forward_that_trains(rows)
     with torch.no_grad():
         served = linear(x)
     copy = "_packed" if rows == 37 else "_by_column"
-    if rows == 37 and not cpu_linear._packed_kernel_available():
+    if rows == 37 and not linear_kernels.packed_kernel_available():
         pytest.skip("this torch build has no oneDNN packed linear")
     assert getattr(linear, copy) is not None  # the forward used the copy
     assert torch.allclose(served, torch.nn.functional.linear(x, linear.weight, linear.bias), atol=1e-5)
@@ -196,8 +196,29 @@ def test_cpu_layouts_match_nn_linear_and_never_serve_a_forward_that_trains(rows)
 
 
 def test_packed_products_run_on_few_padded_row_counts():
-    from verl_tlt.modeling.cpu_linear import packed_rows
+    from verl_tlt.modeling.linear_kernels import packed_rows
 
     sizes = [packed_rows(rows) for rows in range(1, 8193)]
     assert all(size >= rows and size <= max(8, 1.25 * rows) for rows, size in enumerate(sizes, start=1))
     assert sizes == sorted(sizes) and len(set(sizes)) <= 45  # each distinct size costs one kernel compilation
+
+
+@pytest.mark.parametrize("kernels", ["measure", "linear", "by_column", "packed"])
+def test_every_cpu_kernel_choice_decodes_the_same_tokens(varied_qwen2, kernels):
+    from verl_tlt.modeling.linear_kernels import available_kernels
+
+    if kernels == "packed" and "packed" not in available_kernels():
+        pytest.skip("this torch build has no oneDNN packed linear")
+    path, _ = varied_qwen2
+    prompts = [[5, 6, 7], [9, 10, 11, 12, 13], [20]]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    reference = RolloutEngine.from_pretrained(str(path), cpu_layouts=False).generate(prompts, params)
+    engine = RolloutEngine.from_pretrained(str(path), cpu_layouts=True, cpu_kernels=kernels)
+    assert engine.kernel_plan is not None and (kernels == "measure") == (engine.kernel_plan.forced is None)
+    assert_same_outputs(engine.generate(prompts, params), reference, atol=1e-4)
+
+
+def test_a_bad_cpu_kernels_value_names_the_choices(tiny_qwen2):
+    path, _ = tiny_qwen2
+    with pytest.raises(ValueError, match="cpu_kernels must be one of measure, thresholds"):
+        RolloutEngine.from_pretrained(str(path), cpu_kernels="fastest")

@@ -35,11 +35,9 @@ def _add_engine(bench: argparse._SubParsersAction) -> None:
     engine.add_argument("--prompt-len", type=int, default=32, help="random prompt tokens per request")
     engine.add_argument("--new-tokens", type=int, default=64, help="tokens decoded per request (EOS ignored)")
     engine.add_argument("--repeats", type=int, default=3, help="timed calls per cell, the best kept")
-    engine.add_argument(
-        "--no-compile",
-        action="store_true",
-        help="skip the RolloutEngine(compile=True) measurement (compiling takes time)",
-    )
+    engine.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16"], default=["float32"], help="for both")
+    no_compile = "skip the RolloutEngine(compile=True) measurement (compiling takes time)"
+    engine.add_argument("--no-compile", action="store_true", help=no_compile)
 
 
 def _run_engine(args: argparse.Namespace) -> int:
@@ -57,6 +55,7 @@ def _run_engine(args: argparse.Namespace) -> int:
         args.repeats,
         args.device,
         compile=not args.no_compile,
+        dtypes=args.dtypes,
     )
     return 0
 

@@ -103,12 +103,14 @@ def bench_one(
     device: str = "cpu",
     compile: bool = True,
     progress: Progress | None = None,
+    dtype: str = "float32",
 ):
     from verl_tlt.engine import RolloutEngine, SamplingParams
 
     path = workdir / spec.name
-    hf_model = build_model(spec, path).to(device)
-    engine = RolloutEngine.from_pretrained(str(path), max_num_seqs=batch_size, device=device)
+    torch_dtype = getattr(torch, dtype)
+    hf_model = build_model(spec, path).to(device=device, dtype=torch_dtype)
+    engine = RolloutEngine.from_pretrained(str(path), max_num_seqs=batch_size, device=device, dtype=torch_dtype)
     generator = torch.Generator().manual_seed(1)
     prompts = torch.randint(3, spec.vocab_size, (batch_size, prompt_len), generator=generator)
     hf_prompts = prompts.to(device)  # copied once, outside the timed calls
@@ -137,7 +139,9 @@ def bench_one(
     tokens = batch_size * new_tokens
     compiled = {}
     if compile:
-        compiled_engine = RolloutEngine.from_pretrained(str(path), max_num_seqs=batch_size, device=device, compile=True)
+        compiled_engine = RolloutEngine.from_pretrained(
+            str(path), max_num_seqs=batch_size, device=device, dtype=torch_dtype, compile=True
+        )
         start = time.perf_counter()
         compiled_outputs = run_engine(compiled_engine)  # the first call compiles
         warmup_s = time.perf_counter() - start
@@ -149,9 +153,13 @@ def bench_one(
             "compile_warmup_s": round(warmup_s, 1),
             "compiled_same_tokens": same,
         }
+    plan = engine.kernel_plan
     return {
         "model": spec.name,
+        "dtype": dtype,
         "params_m": round(sum(p.numel() for p in hf_model.parameters()) / 1e6, 2),
+        "weight_bytes": sum(p.numel() * p.element_size() for p in hf_model.parameters()),
+        "kernels": plan.summary() if plan is not None else None,
         "batch_size": batch_size,
         "prompt_len": prompt_len,
         "new_tokens": new_tokens,
@@ -171,30 +179,46 @@ def run(
     repeats: int,
     device: str = "cpu",
     compile: bool = True,
+    dtypes: tuple[str, ...] | list[str] = ("float32",),
 ) -> dict:
+    from verl_tlt.bench.host import host_info, memory_bandwidth
+
+    bandwidth = memory_bandwidth() if device == "cpu" else None
+    if bandwidth:
+        print(f"memory bandwidth (matrix-vector product over 256 MB fp32): {bandwidth / 1e9:.1f} GB/s", flush=True)
     rows = []
-    progress = Progress("bench engine", len(models) * len(batch_sizes), unit="model x batch size cells")
+    cells = len(models) * len(batch_sizes) * len(dtypes)
+    progress = Progress("bench engine", cells, unit="model x batch size x dtype cells")
     with tempfile.TemporaryDirectory() as tmp:
-        for name in models:
-            for batch_size in batch_sizes:
-                spec = MODELS[name]
-                row = bench_one(spec, batch_size, prompt_len, new_tokens, repeats, Path(tmp), device, compile, progress)
-                rows.append(row)
-                progress.advance(extra=f"{name} bs={batch_size} done")
-                line = (
-                    f"{row['model']:>10} bs={row['batch_size']:>3}: engine {row['tokens_per_s']:>8.1f} tok/s, "
-                    f"HF generate {row['hf_tokens_per_s']:>8.1f} tok/s, speedup {row['speedup_vs_hf']:.2f}x"
-                )
-                if compile:
-                    line += (
-                        f"; compiled {row['compiled_tokens_per_s']:>8.1f} tok/s, speedup "
-                        f"{row['compiled_speedup_vs_hf']:.2f}x (compiling took {row['compile_warmup_s']:.0f} s)"
+        for dtype in dtypes:
+            for name in models:
+                for batch_size in batch_sizes:
+                    row = bench_one(
+                        MODELS[name],
+                        batch_size,
+                        prompt_len,
+                        new_tokens,
+                        repeats,
+                        Path(tmp),
+                        device,
+                        compile,
+                        progress,
+                        dtype,
                     )
-                print(line, flush=True)
+                    if bandwidth and batch_size == 1:
+                        # Batch-1 decode reads every weight once per token: bandwidth / weight bytes bounds it
+                        # (unless the weights fit in the caches).
+                        row["roofline_tokens_per_s"] = round(bandwidth / row["weight_bytes"], 1)
+                        row["of_roofline"] = round(row["tokens_per_s"] / row["roofline_tokens_per_s"], 3)
+                    rows.append(row)
+                    progress.advance(extra=f"{name} bs={batch_size} {dtype} done")
+                    print(_row_line(row, compile), flush=True)
     result = {
         "benchmark": "engine",
+        "host": host_info(),
+        "memory_bandwidth_bytes_per_s": bandwidth,
         "torch_threads": torch.get_num_threads(),
-        "dtype": "float32",
+        "dtypes": list(dtypes),
         "device": device,
         "decoding": "greedy, EOS ignored, best of repeats after one warm-up",
         "compiled": compile,
@@ -203,3 +227,18 @@ def run(
     if json_path:
         write_json(json_path, result)
     return result
+
+
+def _row_line(row: dict, compile: bool) -> str:
+    line = (
+        f"{row['model']:>10} {row['dtype']:>8} bs={row['batch_size']:>3}: engine {row['tokens_per_s']:>8.1f} tok/s, "
+        f"HF generate {row['hf_tokens_per_s']:>8.1f} tok/s, speedup {row['speedup_vs_hf']:.2f}x"
+    )
+    if "roofline_tokens_per_s" in row:
+        line += f"; roofline {row['roofline_tokens_per_s']:.1f} tok/s ({100 * row['of_roofline']:.0f}%)"
+    if compile:
+        line += (
+            f"; compiled {row['compiled_tokens_per_s']:>8.1f} tok/s, speedup "
+            f"{row['compiled_speedup_vs_hf']:.2f}x (compiling took {row['compile_warmup_s']:.0f} s)"
+        )
+    return line

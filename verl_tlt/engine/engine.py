@@ -20,6 +20,7 @@ import torch
 
 from verl_tlt.engine.adaptive import AdaptivePolicy
 from verl_tlt.engine.compiled_forward import CompiledForward
+from verl_tlt.engine.cpu_kernels import setup_cpu_kernels
 from verl_tlt.engine.cuda_graphs import StepGraphPool, graph_batch_buckets
 from verl_tlt.engine.decode_stats import DecodeCosts, DecodeStats
 from verl_tlt.engine.drafter import Drafter
@@ -45,16 +46,15 @@ from verl_tlt.spec.verify import emitted_positions, verify_keyed, verify_tree
 
 logger = logging.getLogger(__name__)
 
-# CPU weight layouts keep up to two extra copies of each linear weight; by default only models up to this size use
-# them.
-CPU_LAYOUTS_MAX_BYTES = 1 << 30
 SAMPLING_MODES = ("keyed", "rejection")
 
 
 class RolloutEngine:
     """The engine; keyword options besides the obvious ones:
 
-    cpu_layouts: serve fp32 CPU products from weight copies in faster kernel layouts (None: auto, see cpu_linear).
+    cpu_layouts, cpu_kernels: serve CPU products from weight copies in faster kernel layouts (None: auto), each layer
+        running the kernel measured fastest on this host for its shape and row count ("measure"), or by size
+        thresholds ("thresholds"), or one named kernel (see engine.cpu_kernels).
     compile: run the target's forward steps through torch.compile (see compiled_forward): worth it for small,
         overhead-bound models; the first step of each kind compiles (seconds to a minute on a small CPU).
     cuda_graphs: on CUDA, replay decode and verify forwards from CUDA graphs per (width, batch bucket) (see
@@ -85,6 +85,7 @@ class RolloutEngine:
         max_draft_tokens: int = 64,
         policy: AdaptivePolicy | None = None,
         cpu_layouts: bool | None = None,
+        cpu_kernels: str = "measure",
         compile: bool = False,
         cuda_graphs: bool = False,
         sampling: str = "keyed",
@@ -100,12 +101,7 @@ class RolloutEngine:
         self.model = model.eval()
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        if cpu_layouts is None:  # auto: fp32 on CPU, when the extra weight copies stay small
-            weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-            # bf16 matrix-vector products were faster in nn.Linear's own layout (`verl-tlt bench verify`, k=1 rows).
-            is_fp32_cpu = self.device.type == "cpu" and self.dtype == torch.float32
-            cpu_layouts = is_fp32_cpu and weight_bytes <= CPU_LAYOUTS_MAX_BYTES
-        model.use_cpu_layouts(cpu_layouts)
+        self.kernel_plan = setup_cpu_kernels(model, cpu_layouts, cpu_kernels)
         # torch.compile'd target forwards, one per kind of step (engine.compiled_forward); None runs eagerly.
         self.compiled = CompiledForward(model) if compile else None
         if cuda_graphs and self.device.type != "cuda":

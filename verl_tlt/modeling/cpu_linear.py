@@ -1,7 +1,12 @@
 """nn.Linear whose CPU inference forwards run from weight copies laid out for the fastest kernel at that size.
 
+Which kernel runs is decided per layer and row count: by measurement on this host when the engine planned the
+model's kernels (`kernel_plan.plan_kernels`, what `RolloutEngine` does by default; `linear_kernels` has the
+candidates), else by the size thresholds below, measured on one AMD EPYC host (the fallback, and what
+`cpu_kernels="thresholds"` keeps).
+
 Why: in fp32 on CPU, `nn.Linear` goes to the BLAS GEMM (MKL in the stock wheels), and two other kernels beat it
-by shape (measure with `verl-tlt bench engine`):
+by shape on some processors (measure with `verl-tlt bench engine`):
 - a product with a large weight goes faster through oneDNN with the weight pre-packed into its blocked layout
   (the route torch.compile's CPU backend and IPEX take): up to 4.5x on an AMD EPYC (AVX-512), where MKL does not
   use its fastest kernels;
@@ -27,6 +32,15 @@ import weakref
 import torch
 from torch import nn
 
+from verl_tlt.modeling.linear_kernels import (
+    DEFAULT_KERNEL,
+    apply_kernel,
+    bucket_of,
+    disable_packed_kernel,
+    packed_kernel_available,
+    weight_layout,
+)
+
 logger = logging.getLogger(__name__)
 
 # Up to this many rows, a small product may use the transposed copy.
@@ -37,8 +51,6 @@ SMALL_BATCH_ROWS = 4
 # the packed kernel made speculative steps 10-20% slower, while the 50M model (512-wide) gained 1.6-4.5x per product.
 PACKED_MIN_MACS = 600_000
 PACKED_MIN_WEIGHT = 1 << 18
-
-_packed_kernel_usable: bool | None = None  # decided on first use: this torch build may lack the oneDNN ops
 
 # Under torch.compile, linears with large weights run through an opaque custom op (`cpu_layout_linear`) that looks
 # its module up here, so that the compiled step keeps the oneDNN layouts: inductor's own CPU matmul is the BLAS GEMM,
@@ -53,6 +65,7 @@ class CpuLayoutLinear(nn.Linear):
     """nn.Linear with optional CPU inference layouts (off until `cpu_layouts` is set; see the module docstring)."""
 
     cpu_layouts = False
+    kernel_choices: dict[int, str] | None = None  # row bucket -> kernel, from a kernel plan; None: the thresholds
     _key: int | None = None  # this module's key in _MODULES, set by register_for_compile
     _key_owner: int | None = None  # id() of the module the key was issued to (a copy carries its original's)
 
@@ -60,41 +73,50 @@ class CpuLayoutLinear(nn.Linear):
         self._by_column = None
         self._packed = None
 
+    def set_kernel_choices(self, choices: dict[int, str] | None) -> None:
+        """The kernel per row bucket (`linear_kernels.bucket_of`), measured by a kernel plan; None: thresholds."""
+        self.kernel_choices = None if choices is None else dict(choices)
+        self.invalidate()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         trains = torch.is_grad_enabled() and self.weight.requires_grad  # copies are detached: never train through
-        if not self.cpu_layouts or trains or x.device.type != "cpu" or self.weight.dtype != torch.float32:
+        # Thresholds were measured in fp32 only; a measured plan covers whatever dtype it was measured in.
+        dtype_ok = self.weight.dtype == torch.float32 or self.kernel_choices is not None
+        if not self.cpu_layouts or trains or x.device.type != "cpu" or not dtype_ok:
             return super().forward(x)
         if torch.compiler.is_compiling():
             # Large weights: the layouts' kernels, opaque to the compiler. Small ones: traced as a plain product, where
             # inductor's own kernel is as fast and the step's elementwise work fuses around it.
             registered = self._key is not None and self._key_owner == id(self)  # plain attributes: traceable
             large = self.in_features * self.out_features >= PACKED_MIN_WEIGHT
-            if registered and large and _packed_kernel_available():
+            if registered and (large or self.kernel_choices is not None) and packed_kernel_available():
                 return torch.ops.verl_tlt.cpu_layout_linear(x, self._key)
             return super().forward(x)
         return self._layout_forward(x)
 
     def _layout_forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
-        weight_size = self.in_features * self.out_features
-        if weight_size >= PACKED_MIN_WEIGHT and rows * weight_size >= PACKED_MIN_MACS and _packed_kernel_available():
-            try:
-                return self._packed_forward(x, rows)
-            except RuntimeError as error:  # a torch build whose oneDNN ops refuse: nn.Linear from now on
-                _disable_packed_kernel(error)
-        if rows <= SMALL_BATCH_ROWS:
-            out = x @ self._layout("_by_column", lambda w: w.t().contiguous())
-            return out + self.bias if self.bias is not None else out
-        return super().forward(x)
+        kernel = self._kernel_for(rows)
+        if kernel == DEFAULT_KERNEL:
+            return super().forward(x)
+        try:
+            layout = self._layout(f"_{kernel}", lambda w: weight_layout(kernel, w))
+            out = apply_kernel(kernel, x.reshape(rows, self.in_features), self.weight, layout, self.bias)
+        except RuntimeError as error:  # a torch build whose oneDNN ops refuse: nn.Linear from now on
+            if kernel != "packed":
+                raise
+            _disable_packed_kernel(error)
+            return super().forward(x)
+        return out.view(*x.shape[:-1], self.out_features)
 
-    def _packed_forward(self, x: torch.Tensor, rows: int) -> torch.Tensor:
-        packed = self._layout("_packed", lambda w: torch.ops.mkldnn._reorder_linear_weight(w, None))
-        flat = x.reshape(rows, self.in_features)
-        padded_rows = packed_rows(rows)
-        if padded_rows != rows:
-            flat = torch.nn.functional.pad(flat, (0, 0, 0, padded_rows - rows))
-        out = torch.ops.mkldnn._linear_pointwise(flat, packed, self.bias, "none", [], "")
-        return out[:rows].view(*x.shape[:-1], self.out_features)
+    def _kernel_for(self, rows: int) -> str:
+        if self.kernel_choices is not None:
+            kernel = self.kernel_choices[bucket_of(rows)]
+            return kernel if kernel != "packed" or packed_kernel_available() else DEFAULT_KERNEL
+        weight_size = self.in_features * self.out_features
+        if weight_size >= PACKED_MIN_WEIGHT and rows * weight_size >= PACKED_MIN_MACS and packed_kernel_available():
+            return "packed"
+        return "by_column" if rows <= SMALL_BATCH_ROWS else DEFAULT_KERNEL
 
     def _layout(self, name: str, build) -> torch.Tensor:
         # In-place updates of the parameter itself (optimizer steps, load_state_dict) bump its version; writes through
@@ -116,14 +138,6 @@ def cpu_layout_linear(x: torch.Tensor, module_key: int) -> torch.Tensor:
 @cpu_layout_linear.register_fake
 def _(x: torch.Tensor, module_key: int) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], _MODULES[module_key].out_features))
-
-
-def packed_rows(rows: int) -> int:
-    """The row count a packed product of `rows` rows runs at: 8 below 8, else rounded up to a quarter-octave step."""
-    if rows <= 8:
-        return 8
-    step = 1 << (rows.bit_length() - 3)  # 9-16 rows: steps of 2; 17-32: of 4; ...
-    return -(-rows // step) * step
 
 
 def register_for_compile(module: nn.Module) -> None:
@@ -149,20 +163,6 @@ def invalidate_cpu_layouts(module: nn.Module) -> None:
             child.invalidate()
 
 
-def _packed_kernel_available() -> bool:
-    global _packed_kernel_usable
-    if _packed_kernel_usable is None:
-        ops = getattr(torch.ops, "mkldnn", None)
-        _packed_kernel_usable = bool(
-            torch.backends.mkldnn.is_available()
-            and ops is not None
-            and hasattr(ops, "_reorder_linear_weight")
-            and hasattr(ops, "_linear_pointwise")
-        )
-    return _packed_kernel_usable
-
-
 def _disable_packed_kernel(error: Exception) -> None:
-    global _packed_kernel_usable
-    _packed_kernel_usable = False
+    disable_packed_kernel()
     logger.warning("oneDNN packed linear unavailable in this torch build (%s); using nn.Linear", error)

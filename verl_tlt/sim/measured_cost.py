@@ -4,8 +4,8 @@ The numbers come from `verl-tlt bench verify --json PATH`: each row of its JSON 
 (`forward_ms`) of one target forward plus logits over `batch_size` rows that each verify `k` draft tokens and the
 root, i.e. `width = k + 1` tokens a row, with `context_len` tokens already in every row's KV cache, for one `dtype`
 and draft shape (`mode`). `MeasuredCost` keeps one (dtype, mode) slice as a table {(batch, width): seconds} and
-prices any step by bilinear interpolation on that grid. What it leaves out: width 1 (a plain decode step) is never
-measured by the bench (k >= 1), so it is extrapolated from the two smallest widths; the KV length is fixed at the
+prices any step by bilinear interpolation on that grid. What it leaves out: width 1 (a plain decode step) is measured
+only when the bench ran with `--ks 0`, else extrapolated from the two smallest widths; the KV length is fixed at the
 bench's `context_len`, so `kv_tokens` does not change the price; the drafter, the SD step's own overhead (the JSON's
 `sd_overhead`, measured at batch 1 only) and prefill are not in it; and the seconds are those of the bench's
 random-weight model on the host and thread count that ran it (the JSON records no processor), so they transfer to

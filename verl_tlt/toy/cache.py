@@ -9,23 +9,17 @@ from __future__ import annotations
 
 import fcntl
 import logging
-import os
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from verl_tlt.files import atomic_directory
+from verl_tlt.files import CACHE_ENV, atomic_directory, default_cache_root
 
 logger = logging.getLogger(__name__)
 
-# Environment variable naming the cache root; every builder (toy world, target, drafter, quickstart) reads it here.
-CACHE_ENV = "VERL_TLT_CACHE"
-
-
-def default_cache_root() -> Path:
-    """`$VERL_TLT_CACHE`, else ~/.cache/verl-tlt: where the toy world, target and drafter are built once."""
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "verl-tlt")
+# CACHE_ENV and default_cache_root live in files.py (the kernel plans use them too) and are re-exported here.
+__all__ = ["CACHE_ENV", "build_once", "default_cache_root", "exclusive_lock"]
 
 
 @contextmanager

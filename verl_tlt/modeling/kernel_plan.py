@@ -1,0 +1,155 @@
+"""Which kernel each linear layer of a model runs at each row count, measured once per host and shape.
+
+`plan_kernels(model)` finds the distinct shapes of the model's `CpuLayoutLinear` layers, takes each shape's choices
+from the cache (`<cache root>/kernels/<host>.json`, keyed by processor, torch version, thread count and dtype, so
+another machine or setting measures afresh) or measures them (`linear_kernels.measure_kernels`, about a second for
+a 50M model's shapes on 2 cores), and gives every layer its shape's choices. A second engine start on the same host
+costs a file read. `force_kernel(model, name)` gives every layer one kernel instead (tests, and to compare).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from verl_tlt.files import atomic_write_text, default_cache_root
+from verl_tlt.modeling.cpu_linear import CpuLayoutLinear
+from verl_tlt.modeling.linear_kernels import (
+    DEFAULT_KERNEL,
+    ROW_BUCKETS,
+    available_kernels,
+    choose_kernel,
+    measure_kernels,
+)
+
+logger = logging.getLogger(__name__)
+
+PLAN_VERSION = 1  # bump when the candidates or the measurement change: old cache entries are then ignored
+
+
+@dataclass
+class KernelPlan:
+    """Per shape ('in x out, dtype'): the kernel at each row bucket; where the choices came from, and what it cost."""
+
+    host: str
+    choices: dict[str, dict[int, str]] = field(default_factory=dict)
+    measured_shapes: int = 0  # shapes measured now (the rest came from the cache)
+    measure_s: float = 0.0
+    forced: str | None = None
+
+    def summary(self) -> dict:
+        """What the engine's stats and the benchmark JSON record: the host, and each shape's non-default choices."""
+        return {
+            "host": self.host,
+            "forced": self.forced,
+            "measured_shapes": self.measured_shapes,
+            "cached_shapes": len(self.choices) - self.measured_shapes,
+            "measure_s": round(self.measure_s, 2),
+            "kernels": {
+                shape: {str(rows): by_rows[rows] for rows in sorted(by_rows) if by_rows[rows] != DEFAULT_KERNEL}
+                for shape, by_rows in self.choices.items()
+            },
+        }
+
+
+def host_processor() -> str:
+    """The CPU's model name (/proc/cpuinfo; `platform.processor()` is often just the architecture on Linux)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def host_key() -> str:
+    """What a kernel's speed depends on besides the shape: processor, torch build, threads."""
+    return f"{host_processor()} | torch {torch.__version__} | {torch.get_num_threads()} threads | v{PLAN_VERSION}"
+
+
+def plan_kernels(model: nn.Module, cache_dir: str | Path | None = None) -> KernelPlan:
+    """Measure (or read from the cache) the best kernel per shape and row bucket, and give it to every layer."""
+    layers = [m for m in model.modules() if isinstance(m, CpuLayoutLinear)]
+    host = host_key()
+    path = Path(cache_dir or default_cache_root() / "kernels") / f"{_file_name(host)}.json"
+    cached = _read_cache(path, host)
+    plan = KernelPlan(host)
+    started = time.perf_counter()
+    for layer in layers:
+        shape = shape_key(layer)
+        if shape not in plan.choices:
+            if shape not in cached:
+                timings = measure_kernels(layer.weight.detach(), _bias(layer), ROW_BUCKETS, available_kernels())
+                cached[shape] = {rows: choose_kernel(cell) for rows, cell in timings.items()}
+                plan.measured_shapes += 1
+            plan.choices[shape] = cached[shape]
+        layer.set_kernel_choices(plan.choices[shape])
+    plan.measure_s = time.perf_counter() - started
+    if plan.measured_shapes:
+        _write_cache(path, host, cached)
+        logger.info(
+            "measured CPU linear kernels for %d shape(s) in %.1f s (cached in %s)",
+            plan.measured_shapes,
+            plan.measure_s,
+            path,
+        )
+    return plan
+
+
+def force_kernel(model: nn.Module, kernel: str) -> KernelPlan:
+    """Every CpuLayoutLinear under `model` runs `kernel` at every row count."""
+    if kernel not in available_kernels():
+        raise ValueError(f"CPU linear kernel {kernel!r} is not available here; choose from {available_kernels()}")
+    plan = KernelPlan(host_key(), forced=kernel)
+    for layer in model.modules():
+        if isinstance(layer, CpuLayoutLinear):
+            plan.choices[shape_key(layer)] = dict.fromkeys(ROW_BUCKETS, kernel)
+            layer.set_kernel_choices(plan.choices[shape_key(layer)])
+    return plan
+
+
+def shape_key(layer: nn.Linear) -> str:
+    bias = "+bias" if layer.bias is not None else ""
+    return f"{layer.in_features}x{layer.out_features}{bias} {str(layer.weight.dtype).removeprefix('torch.')}"
+
+
+def _bias(layer: nn.Linear) -> torch.Tensor | None:
+    return None if layer.bias is None else layer.bias.detach()
+
+
+def _file_name(host: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "-", host).strip("-")[:160]
+
+
+def _read_cache(path: Path, host: str) -> dict[str, dict[int, str]]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if data.get("host") != host:
+        return {}
+    kernels = set(available_kernels())
+    choices = {}
+    for shape, by_rows in data.get("choices", {}).items():
+        entry = {int(rows): kernel for rows, kernel in by_rows.items()}
+        if set(entry) == set(ROW_BUCKETS) and set(entry.values()) <= kernels:
+            choices[shape] = entry
+    return choices
+
+
+def _write_cache(path: Path, host: str, choices: dict[str, dict[int, str]]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        payload = {"host": host, "choices": {s: {str(r): k for r, k in c.items()} for s, c in choices.items()}}
+        atomic_write_text(path, json.dumps(payload, indent=1, sort_keys=True) + "\n")
+    except OSError as error:  # a read-only home: measure again next time, never fail the engine over it
+        logger.warning("could not cache the CPU kernel plan in %s: %s", path, error)
