@@ -6,6 +6,23 @@
 # VERL_TLT_RECIPE_PRINT=1 it prints the command, one argument per line, and runs nothing; that is how
 # tests/recipes/test_gpu_recipes.py composes and checks every recipe's config on a CPU.
 
+# recipe_preflight HF_MODEL_ID COMMAND...: with VERL_TLT_RECIPE_PRINT=1, print COMMAND one argument per line and
+# return 3 (the caller stops, successfully); otherwise return 1 when MODEL is not a local checkpoint directory
+# (verl-tlt reads the target's weights from disk for the drafter checks and workers: a hub id is not enough), else 0.
+recipe_preflight() {
+  local hf_model_id="$1"
+  shift
+  if [ "${VERL_TLT_RECIPE_PRINT:-0}" = "1" ]; then
+    printf '%s\n' "$@"
+    return 3
+  fi
+  if [ ! -f "${MODEL}/config.json" ]; then
+    echo "MODEL=${MODEL} is not a local checkpoint directory (no config.json). Download it first, e.g." >&2
+    echo "  huggingface-cli download ${hf_model_id} --local-dir ${MODEL}" >&2
+    return 1
+  fi
+}
+
 # run_grpo_recipe tlt|baseline [extra Hydra overrides, last so they win]
 run_grpo_recipe() {
   local arm="$1"
@@ -92,16 +109,10 @@ run_grpo_recipe() {
   esac
   cmd+=("$@")
 
-  if [ "${VERL_TLT_RECIPE_PRINT:-0}" = "1" ]; then
-    printf '%s\n' "${cmd[@]}"
-    return 0
-  fi
-  # verl-tlt reads the target's weights from disk (drafter checks, drafter workers): a hub id is not enough.
-  if [ ! -f "${MODEL}/config.json" ]; then
-    echo "MODEL=${MODEL} is not a local checkpoint directory (no config.json). Download it first, e.g." >&2
-    echo "  huggingface-cli download ${HF_MODEL_ID} --local-dir ${MODEL}" >&2
-    return 1
-  fi
+  local status=0
+  recipe_preflight "$HF_MODEL_ID" "${cmd[@]}" || status=$?
+  [ "$status" = 3 ] && return 0
+  [ "$status" = 0 ] || return "$status"
   if [ "${REQUIRE_RAY_CLUSTER:-0}" = "1" ] && ! ray status >/dev/null 2>&1; then
     echo "No running Ray cluster found (ray status failed; RAY_ADDRESS=${RAY_ADDRESS:-<unset>}). Start one on" >&2
     echo "${NNODES} nodes first, e.g. with recipes/gpu/slurm_32b.sbatch, and run this on its head node." >&2

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck source-path=SCRIPTDIR
 # Warm up the EAGLE drafter that the TLT recipes start from (tlt.drafter.init=DRAFTER): `verl-tlt drafter warmup`
 # lets the target answer the first NUM_PROMPTS prompts of the RL training set, records its hidden states, trains a
 # one-layer drafter on them and exports it to DRAFTER. Training on the target's own answers to the RL prompts, at
@@ -12,6 +13,8 @@
 # for the whole target at 4 bytes per parameter, and for 7B/32B targets expect it to take long; --seconds bounds the
 # training part. VERL_TLT_RECIPE_PRINT=1 prints the command, one argument per line, instead of running it.
 set -euo pipefail
+# shellcheck source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 MODEL="${MODEL:-$HOME/models/Qwen2.5-7B}"
 DRAFTER="${DRAFTER:-$HOME/drafters/qwen2.5-7b-warmup}"
@@ -46,13 +49,8 @@ cmd=(
   "$@"
 )
 
-if [ "${VERL_TLT_RECIPE_PRINT:-0}" = "1" ]; then
-  printf '%s\n' "${cmd[@]}"
-  exit 0
-fi
-if [ ! -f "${MODEL}/config.json" ]; then
-  echo "MODEL=${MODEL} is not a local checkpoint directory (no config.json). Download it first, e.g." >&2
-  echo "  huggingface-cli download Qwen/Qwen2.5-7B --local-dir ${MODEL}" >&2
-  exit 1
-fi
+status=0
+recipe_preflight "${HF_MODEL_ID:-Qwen/Qwen2.5-7B}" "${cmd[@]}" || status=$?
+[ "$status" = 3 ] && exit 0
+[ "$status" = 0 ] || exit "$status"
 exec "${cmd[@]}"

@@ -90,3 +90,16 @@ def test_forcing_a_kernel_sets_it_everywhere_and_an_unknown_one_is_refused():
     assert plan.forced == "by_column" and set(model.b.kernel_choices.values()) == {"by_column"}
     with pytest.raises(ValueError, match="not available"):
         kernel_plan.force_kernel(model, "turbo")
+
+
+def test_a_frozen_layer_with_copies_from_inference_mode_still_passes_gradients_upstream():
+    # The drafter trains through the target's frozen head: its copies, built while the engine decoded under
+    # inference_mode, must not be saved for backward.
+    layer = CpuLayoutLinear(16, 32).requires_grad_(False)
+    layer.cpu_layouts = True
+    kernel_plan.force_kernel(torch.nn.Sequential(layer), "by_column")
+    with torch.inference_mode():
+        layer(torch.randn(2, 16))
+    x = torch.randn(2, 16, requires_grad=True)
+    layer(x).sum().backward()
+    assert torch.allclose(x.grad, layer.weight.sum(0).expand(2, 16))

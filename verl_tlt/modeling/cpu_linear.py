@@ -79,7 +79,10 @@ class CpuLayoutLinear(nn.Linear):
         self.invalidate()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        trains = torch.is_grad_enabled() and self.weight.requires_grad  # copies are detached: never train through
+        # The copies are detached, and may be inference tensors (built under inference_mode): a forward that autograd
+        # records (training this layer, or anything upstream of it, such as a drafter through a frozen shared head)
+        # runs on the parameter.
+        trains = torch.is_grad_enabled()
         # Thresholds were measured in fp32 only; a measured plan covers whatever dtype it was measured in.
         dtype_ok = self.weight.dtype == torch.float32 or self.kernel_choices is not None
         if not self.cpu_layouts or trains or x.device.type != "cpu" or not dtype_ok:
@@ -89,7 +92,7 @@ class CpuLayoutLinear(nn.Linear):
             # inductor's own kernel is as fast and the step's elementwise work fuses around it.
             registered = self._key is not None and self._key_owner == id(self)  # plain attributes: traceable
             large = self.in_features * self.out_features >= PACKED_MIN_WEIGHT
-            if registered and (large or self.kernel_choices is not None) and packed_kernel_available():
+            if registered and large and packed_kernel_available():
                 return torch.ops.verl_tlt.cpu_layout_linear(x, self._key)
             return super().forward(x)
         return self._layout_forward(x)

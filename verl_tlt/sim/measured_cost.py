@@ -8,7 +8,7 @@ prices any step by bilinear interpolation on that grid. What it leaves out: widt
 only when the bench ran with `--ks 0`, else extrapolated from the two smallest widths; the KV length is fixed at the
 bench's `context_len`, so `kv_tokens` does not change the price; the drafter, the SD step's own overhead (the JSON's
 `sd_overhead`, measured at batch 1 only) and prefill are not in it; and the seconds are those of the bench's
-random-weight model on the host and thread count that ran it (the JSON records no processor), so they transfer to
+random-weight model on the device, host and thread count that ran it (the JSON names them), so they transfer to
 another host or model only as ratios.
 """
 
