@@ -39,6 +39,19 @@ def default_cache_root() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "verl-tlt")
 
 
+@contextmanager
+def exclusive_lock(lock_path: str | Path) -> Iterator[None]:
+    """Blocking `flock` on `lock_path` (created if missing), held for the `with` block."""
+    import fcntl
+
+    with open(lock_path, "a") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock_file, fcntl.LOCK_UN)
+
+
 def atomic_write_text(path: str | Path, text: str) -> Path:
     """Write `text` to `path` atomically (same-directory temporary file, fsync, rename); creates parent folders."""
     path = Path(path)

@@ -103,3 +103,19 @@ def test_a_frozen_layer_with_copies_from_inference_mode_still_passes_gradients_u
     x = torch.randn(2, 16, requires_grad=True)
     layer(x).sum().backward()
     assert torch.allclose(x.grad, layer.weight.sum(0).expand(2, 16))
+
+
+def test_engines_starting_together_share_one_measurement(tmp_path):
+    import threading
+
+    plans = []
+    threads = [
+        threading.Thread(target=lambda: plans.append(kernel_plan.plan_kernels(TwoLayers(), cache_dir=tmp_path)))
+        for _ in range(3)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(plan.measured_shapes for plan in plans) == [0, 0, 2]
+    assert plans[0].choices == plans[1].choices == plans[2].choices

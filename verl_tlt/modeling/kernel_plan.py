@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from verl_tlt.files import atomic_write_text, default_cache_root
+from verl_tlt.files import atomic_write_text, default_cache_root, exclusive_lock
 from verl_tlt.modeling.cpu_linear import CpuLayoutLinear
 from verl_tlt.modeling.linear_kernels import (
     DEFAULT_KERNEL,
@@ -81,7 +81,20 @@ def plan_kernels(model: nn.Module, cache_dir: str | Path | None = None) -> Kerne
     layers = [m for m in model.modules() if isinstance(m, CpuLayoutLinear)]
     host = host_key()
     path = Path(cache_dir or default_cache_root() / "kernels") / f"{_file_name(host)}.json"
-    cached = _read_cache(path, host)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Every process on the host takes its plan from one measurement: rollout replicas starting together would
+        # otherwise each measure, and might choose differently (kernels round differently; runs that must match
+        # token for token, such as a baseline and its TLT run, need the same kernels).
+        with exclusive_lock(path.with_suffix(".lock")):
+            return _plan_under_lock(layers, host, path)
+    except OSError as error:  # a read-only cache: measure in this process only, never fail the engine over it
+        logger.warning("no kernel-plan cache at %s (%s): measuring for this process only", path, error)
+        return _plan_under_lock(layers, host, None)
+
+
+def _plan_under_lock(layers: list[CpuLayoutLinear], host: str, path: Path | None) -> KernelPlan:
+    cached = _read_cache(path, host) if path is not None else {}
     plan = KernelPlan(host)
     started = time.perf_counter()
     for layer in layers:
@@ -95,9 +108,10 @@ def plan_kernels(model: nn.Module, cache_dir: str | Path | None = None) -> Kerne
         layer.set_kernel_choices(plan.choices[shape])
     plan.measure_s = time.perf_counter() - started
     if plan.measured_shapes:
-        _write_cache(path, host, cached)
+        if path is not None:
+            _write_cache(path, host, cached)
         logger.info(
-            "measured CPU linear kernels for %d shape(s) in %.1f s (cached in %s)",
+            "measured CPU linear kernels for %d shape(s) in %.1f s (cache: %s)",
             plan.measured_shapes,
             plan.measure_s,
             path,
@@ -148,7 +162,6 @@ def _read_cache(path: Path, host: str) -> dict[str, dict[int, str]]:
 
 def _write_cache(path: Path, host: str, choices: dict[str, dict[int, str]]) -> None:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         payload = {"host": host, "choices": {s: {str(r): k for r, k in c.items()} for s, c in choices.items()}}
         atomic_write_text(path, json.dumps(payload, indent=1, sort_keys=True) + "\n")
     except OSError as error:  # a read-only home: measure again next time, never fail the engine over it

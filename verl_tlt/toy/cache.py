@@ -7,30 +7,17 @@ single build.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import shutil
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
-from verl_tlt.files import CACHE_ENV, atomic_directory, default_cache_root
+from verl_tlt.files import CACHE_ENV, atomic_directory, default_cache_root, exclusive_lock
 
 logger = logging.getLogger(__name__)
 
-# CACHE_ENV and default_cache_root live in files.py (the kernel plans use them too) and are re-exported here.
+# CACHE_ENV, default_cache_root and exclusive_lock live in files.py (the kernel plans use them too); re-exported.
 __all__ = ["CACHE_ENV", "build_once", "default_cache_root", "exclusive_lock"]
-
-
-@contextmanager
-def exclusive_lock(lock_path: Path) -> Iterator[None]:
-    """Blocking `flock` on `lock_path` (created if missing), held for the `with` block."""
-    with open(lock_path, "a") as lock_file:
-        fcntl.flock(lock_file, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock_file, fcntl.LOCK_UN)
 
 
 def build_once(entry: Path, is_complete: Callable[[Path], bool], build: Callable[[Path], None], what: str) -> Path:
