@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from verl_tlt.config import SpeculativeConfig
+from verl_tlt.engine.adaptive import FixedBelowThreshold
 from verl_tlt.files import write_json
 from verl_tlt.progress import Progress
-from verl_tlt.spec.strategy import SpecStrategy
 
 PLAIN = "plain"
 
@@ -36,23 +36,6 @@ PLAIN = "plain"
 def nearest_batch_size(sizes: Iterable[int], batch_size: int) -> int:
     """The recorded batch size closest to `batch_size` (the smaller on a tie)."""
     return min(sizes, key=lambda size: (abs(size - batch_size), size))
-
-
-class FixedBelowThreshold:
-    """A policy stand-in: one strategy at or below the threshold, plain above (nothing to learn)."""
-
-    def __init__(self, strategy: str, threshold: int):
-        self.strategy, self.threshold = SpecStrategy.parse(strategy), threshold
-        self.strategies = {self.strategy.name: self.strategy}  # what the engine checks a policy's strategies by
-
-    def select(self, batch_size: int) -> SpecStrategy | None:
-        return self.strategy if batch_size <= self.threshold else None
-
-    def observe(self, *args) -> None:
-        pass
-
-    def bucket_of(self, batch_size: int) -> int | None:
-        return None
 
 
 @dataclass

@@ -296,3 +296,20 @@ class AdaptivePolicy:
             return
         self.mode, self.steps_in_mode = mode, 1
         self.num_mode_switches += 1
+
+
+class FixedBelowThreshold:
+    """A policy stand-in: one strategy at or below the threshold, plain above (nothing to learn)."""
+
+    def __init__(self, strategy: str, threshold: int):
+        self.strategy, self.threshold = SpecStrategy.parse(strategy), threshold
+        self.strategies = {self.strategy.name: self.strategy}  # what the engine checks a policy's strategies by
+
+    def select(self, batch_size: int) -> SpecStrategy | None:
+        return self.strategy if batch_size <= self.threshold else None
+
+    def observe(self, *args) -> None:
+        pass
+
+    def bucket_of(self, batch_size: int) -> int | None:
+        return None

@@ -52,6 +52,12 @@ def alpha_for_length(length: float, depth: int) -> float:
     return (low + high) / 2
 
 
+def draw_with_mean(mean: float, depth: int, rng: random.Random) -> int:
+    """One row's committed tokens for a strategy of `depth` levels whose mean is `mean`: a chain draw at the
+    per-position probability with that mean."""
+    return committed_tokens(alpha_for_length(min(mean, depth + 1.0), depth), depth, rng)
+
+
 class Acceptance(Protocol):
     def expected(self, strategy: SpecStrategy) -> float:
         """Mean tokens a row commits in one verify step of `strategy`."""
@@ -67,8 +73,7 @@ class _Scalable:
     quality: float
 
     def draw(self, strategy: SpecStrategy, rng: random.Random) -> int:
-        mean = self.expected(strategy)
-        return committed_tokens(alpha_for_length(min(mean, strategy.depth + 1.0), strategy.depth), strategy.depth, rng)
+        return draw_with_mean(self.expected(strategy), strategy.depth, rng)
 
     def scaled(self, quality: float):
         if not 0.0 <= quality <= 1.0:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from verl_tlt.sim.rollout import ReplicaTimeline, simulate_replica
+from verl_tlt.sim.rollout import PLAIN, ReplicaTimeline, simulate_replica
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,13 @@ def _replica_requests(record: dict, start: float) -> ReplicaRequests:
     return ReplicaRequests(arrivals, list(record["response_tokens"]))
 
 
+def mean_batch(group: int, arms: dict[str, list[float]]) -> float:
+    """The mean batch of a group's steps: plain steps commit one token per row (tokens / steps); without plain steps
+    the group's middle (groups are powers of two: g .. 2g - 1)."""
+    plain = arms.get(PLAIN)
+    return plain[0] / plain[2] if plain and plain[2] else 1.5 * group - 0.5
+
+
 class MeasuredSteps:
     """Decode steps as a run measured them, by batch-size group (powers of two): mean seconds per step, and tokens per
     row per step, plain and speculative steps mixed in the run's proportion at that group."""
@@ -91,10 +98,8 @@ class MeasuredSteps:
             steps = plain[2] + speculative[2]
             if not steps:
                 continue
-            # Plain steps commit one token per row, so their mean batch is tokens / steps; speculative steps of the
-            # group are taken to have the same mean batch (or the group's middle without plain steps).
-            mean_batch = plain[0] / plain[2] if plain[2] else 1.5 * group - 0.5
-            per_row = (plain[0] + speculative[0]) / (steps * mean_batch)
+            # Speculative steps of the group are taken to have the plain steps' mean batch.
+            per_row = (plain[0] + speculative[0]) / (steps * mean_batch(group, arms))
             self.by_group[group] = ((plain[1] + speculative[1]) / steps, per_row)
         if not self.by_group:
             raise ValueError("no decode steps measured: nothing to calibrate on")

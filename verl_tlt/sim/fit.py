@@ -18,10 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from verl_tlt.sim.acceptance import alpha_for_length
-from verl_tlt.sim.calibration import RecordedRollout, replay
+from verl_tlt.sim.calibration import RecordedRollout, mean_batch, replay
+from verl_tlt.sim.rollout import PLAIN
 from verl_tlt.spec.strategy import SpecStrategy
-
-PLAIN = "plain"
 
 
 @dataclass(frozen=True)
@@ -31,13 +30,6 @@ class PlainFit:
 
     def seconds(self, batch: float) -> float:
         return self.fixed_s + self.per_token_s * batch
-
-
-def mean_batch(group: int, arms: Mapping[str, list[float]]) -> float:
-    """The mean batch of a group's steps: plain steps commit one token per row (tokens / steps); without plain steps
-    the group's middle (groups are powers of two: g .. 2g - 1)."""
-    plain = arms.get(PLAIN)
-    return plain[0] / plain[2] if plain and plain[2] else 1.5 * group - 0.5
 
 
 def fit_plain(costs: Mapping[int, Mapping[str, list[float]]]) -> PlainFit:

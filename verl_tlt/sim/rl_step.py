@@ -26,11 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from verl_tlt.config import SpeculativeConfig
-from verl_tlt.engine.adaptive import AdaptivePolicy
+from verl_tlt.engine.adaptive import AdaptivePolicy, FixedBelowThreshold
 from verl_tlt.sim.rollout import PLAIN, PREFILL, PolicySteps, ReplicaTimeline, simulate_replica
 from verl_tlt.sim.roofline import ACCELERATORS, MODELS
 from verl_tlt.sim.scenario import Scenario
-from verl_tlt.spec.strategy import SpecStrategy
 
 
 @dataclass
@@ -182,26 +181,13 @@ def _policy(scenario: Scenario, run: str, replica: int):
     settings = scenario.tlt
     if run in ("fixed", "sd_always"):
         strategy = settings.fixed_strategy or settings.strategies[0]
-        return _Fixed(strategy, settings.threshold if run == "fixed" else scenario.max_num_seqs)
+        return FixedBelowThreshold(strategy, settings.threshold if run == "fixed" else scenario.max_num_seqs)
     values = {"threshold": settings.threshold, "strategies": settings.strategies, "seed": scenario.seed + replica}
     if settings.buckets is not None:
         values["buckets"] = settings.buckets
     if run == "group_drafts":
         values.update(group_drafts=True, group_strategies=settings.group_strategies)
     return AdaptivePolicy(SpeculativeConfig(**values))
-
-
-class _Fixed:
-    """One strategy at or below `threshold` rows, plain above: no bandit."""
-
-    def __init__(self, strategy: str, threshold: int):
-        self.strategy, self.threshold = SpecStrategy.parse(strategy), threshold
-
-    def select(self, batch_size: int):
-        return self.strategy if batch_size <= self.threshold else None
-
-    def observe(self, *args) -> None:
-        pass
 
 
 def speedups(results: dict[str, RunResult]) -> dict[str, dict[str, float]]:

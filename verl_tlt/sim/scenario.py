@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from verl_tlt.sim.acceptance import Acceptance, ChainAcceptance, TableAcceptance
+from verl_tlt.sim.acceptance import Acceptance, ChainAcceptance, TableAcceptance, draw_with_mean
 from verl_tlt.sim.costs import LinearCost, SpeculativeCost
 from verl_tlt.sim.drafter_drift import DrafterDrift
 from verl_tlt.sim.lengths import GroupLengths, TraceLengths
@@ -129,6 +129,7 @@ class Scenario:
     def speculative_cost(self, base_dir: Path | None = None) -> SpeculativeCost:
         values = dict(self.decode)
         kind = values.pop("kind", None)
+        values.pop("prefill_s", None)  # read by `prefill_s`, not a cost model's
         if kind == "roofline":
             if self.cluster.accelerator not in ACCELERATORS:
                 raise ValueError(
@@ -136,7 +137,6 @@ class Scenario:
                     f"{', '.join(ACCELERATORS)}"
                 )
             level_s = values.pop("draft_level_s")
-            values.pop("prefill_s", None)
             target = _construct(
                 "decode",
                 RooflineCost,
@@ -148,13 +148,11 @@ class Scenario:
             return SpeculativeCost(target, drafter=DraftLevelCost(target, level_s))
         if kind == "linear":
             fraction = values.pop("drafter_fraction", 0.0)
-            values.pop("prefill_s", None)
             return SpeculativeCost(_construct("decode", LinearCost, values), drafter_fraction=fraction)
         if kind == "measured":
             from verl_tlt.sim.measured_cost import MeasuredCost
 
             fraction = values.pop("drafter_fraction", 0.0)
-            values.pop("prefill_s", None)
             path = Path(values.pop("path"))
             _refuse_unknown("decode", values, ("dtype", "mode"))
             path = path if path.is_absolute() or base_dir is None else base_dir / path
@@ -191,10 +189,7 @@ class _WithSuffix:
         return self.table.expected(strategy)
 
     def draw(self, strategy, rng):
-        from verl_tlt.sim.acceptance import alpha_for_length, committed_tokens
-
-        alpha = alpha_for_length(min(self.expected(strategy), strategy.depth + 1.0), strategy.depth)
-        return committed_tokens(alpha, strategy.depth, rng)
+        return draw_with_mean(self.expected(strategy), strategy.depth, rng)
 
     def scaled(self, quality: float):
         return _WithSuffix(self.table.scaled(quality), self.suffix_alpha)
