@@ -203,7 +203,7 @@ def test_packed_products_run_on_few_padded_row_counts():
     assert sizes == sorted(sizes) and len(set(sizes)) <= 45  # each distinct size costs one kernel compilation
 
 
-@pytest.mark.parametrize("kernels", ["measure", "linear", "by_column", "packed"])
+@pytest.mark.parametrize("kernels", ["measure", "linear", "by_column", "packed", "matrix_vector"])
 def test_every_cpu_kernel_choice_decodes_the_same_tokens(varied_qwen2, kernels):
     from verl_tlt.modeling.linear_kernels import available_kernels
 
@@ -216,6 +216,8 @@ def test_every_cpu_kernel_choice_decodes_the_same_tokens(varied_qwen2, kernels):
     engine = RolloutEngine.from_pretrained(str(path), cpu_layouts=True, cpu_kernels=kernels)
     assert engine.kernel_plan is not None and (kernels == "measure") == (engine.kernel_plan.forced is None)
     assert_same_outputs(engine.generate(prompts, params), reference, atol=1e-4)
+    # Batch 1: single-row products, which matrix_vector serves.
+    assert_same_outputs(engine.generate(prompts[:1], params), reference[:1], atol=1e-4)
 
 
 def test_a_bad_cpu_kernels_value_names_the_choices(tiny_qwen2):

@@ -17,6 +17,7 @@ from verl_tlt.modeling.linear_kernels import (
     bucket_of,
     choose_kernel,
     measure_kernels,
+    serves,
     weight_layout,
 )
 
@@ -27,9 +28,33 @@ def test_every_kernel_computes_nn_linears_product(kernel, rows):
     if kernel not in available_kernels():
         pytest.skip("this torch build has no oneDNN packed linear")
     weight, bias, x = torch.randn(48, 32), torch.randn(48), torch.randn(rows, 32)
-    out = apply_kernel(kernel, x, weight, weight_layout(kernel, weight), bias)
-    assert out.shape == (rows, 48)
-    assert torch.allclose(out, torch.nn.functional.linear(x, weight, bias), atol=1e-5)
+    for b in (bias, None):
+        if not serves(kernel, rows):
+            with pytest.raises(ValueError, match="one row"):
+                apply_kernel(kernel, x, weight, weight_layout(kernel, weight), b)
+            continue
+        out = apply_kernel(kernel, x, weight, weight_layout(kernel, weight), b)
+        assert out.shape == (rows, 48)
+        assert torch.allclose(out, torch.nn.functional.linear(x, weight, b), atol=1e-5)
+
+
+def test_a_single_row_kernel_serves_single_rows_and_leaves_the_rest_to_the_default():
+    layer = CpuLayoutLinear(16, 32)
+    layer.cpu_layouts = True
+    kernel_plan.force_kernel(torch.nn.Sequential(layer), "matrix_vector")
+    calls = []
+    real_apply = linear_kernels.apply_kernel
+
+    def spy(kernel, flat, *args):
+        calls.append((kernel, flat.shape[0]))
+        return real_apply(kernel, flat, *args)
+
+    with torch.inference_mode(), pytest.MonkeyPatch.context() as patch:
+        patch.setattr("verl_tlt.modeling.cpu_linear.apply_kernel", spy)
+        for rows in (1, 2, 0):
+            x = torch.randn(rows, 16)
+            assert torch.allclose(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias), atol=1e-5)
+    assert calls == [("matrix_vector", 1)]
 
 
 def test_the_default_is_kept_unless_another_kernel_is_clearly_faster():
@@ -44,7 +69,9 @@ def test_row_counts_take_the_smallest_measured_bucket_that_holds_them():
 
 def test_measurement_times_every_kernel_at_every_row_count():
     timings = measure_kernels(torch.randn(16, 16), None, rows=(1, 4), budget_s=0.001)
-    assert set(timings) == {1, 4} and all(set(cell) == set(available_kernels()) for cell in timings.values())
+    assert set(timings) == {1, 4}
+    for rows, cell in timings.items():
+        assert set(cell) == {kernel for kernel in available_kernels() if serves(kernel, rows)}
     assert all(seconds > 0 for cell in timings.values() for seconds in cell.values())
 
 
@@ -63,6 +90,21 @@ def test_a_plan_is_measured_once_per_shape_and_read_from_the_cache_after(tmp_pat
     assert again.measured_shapes == 0 and again.choices == first.choices
     summary = again.summary()
     assert summary["cached_shapes"] == 2 and kernel_plan.host_processor() in summary["host"]
+
+
+def test_weights_are_measured_cold_at_the_models_own_reuse_distance(tmp_path, monkeypatch):
+    seen = []
+    real_measure = kernel_plan.measure_kernels
+
+    def spy(*args, cold_bytes, **kwargs):
+        seen.append(cold_bytes)
+        return real_measure(*args, cold_bytes=cold_bytes, **kwargs, budget_s=0.001)
+
+    monkeypatch.setattr(kernel_plan, "measure_kernels", spy)
+    model = TwoLayers()
+    kernel_plan.plan_kernels(model, cache_dir=tmp_path)
+    model_bytes = sum(layer.weight.numel() * 4 for layer in (model.a, model.b, model.c))
+    assert seen == [model_bytes, model_bytes]
 
 
 def test_a_cache_from_another_host_or_a_broken_file_is_measured_afresh(tmp_path, monkeypatch):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verl_tlt.modeling.model import AttentionBatch, RotaryEmbedding
+from verl_tlt.modeling.model import AttentionBatch, RotaryEmbedding, rotate_half
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -18,6 +18,17 @@ def test_rotary_table_rows_equal_the_direct_computation(dtype):
     assert small[0].dtype == dtype and from_table[0].shape == direct[0].shape
     for table_part, direct_part in zip(from_table, direct, strict=True):
         torch.testing.assert_close(table_part, direct_part, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_attention_batchs_rotation_is_rotate_halfs_bit_for_bit(dtype):
+    cos, sin = RotaryEmbedding(head_dim=64, theta=10000.0)(torch.tensor([[3, 17], [900, 2]]), dtype)
+    batch = AttentionBatch(row_start=0, write_pos=torch.zeros(2, 2, dtype=torch.long), attn_mask=None, cos=cos, sin=sin, kv_len=1)
+    qk = torch.randn(2, 2, 12, 64, dtype=dtype)[:, :, :9]  # heads sliced off, as the fused projection leaves them
+    reference = qk * cos.unsqueeze(2) + rotate_half(qk) * sin.unsqueeze(2)
+    rolled_cos, signed_sin = batch.rotary()
+    assert torch.equal(qk * rolled_cos + torch.roll(qk, 32, dims=-1) * signed_sin, reference)
+    assert batch.rotary()[1] is signed_sin  # built once per forward, shared by the layers
 
 
 def test_rotary_table_is_usable_by_training_code_after_inference():

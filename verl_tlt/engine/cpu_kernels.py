@@ -6,7 +6,8 @@ picks its kernel:
 - "measure" (default): measured on this host for the model's shapes at decode and verify row counts, cached per
   host (`modeling.kernel_plan`); the fastest candidate wins, the default BLAS call unless another is clearly faster.
 - "thresholds": the size thresholds of `modeling.cpu_linear`, fp32 only (what the engine did before measuring).
-- a kernel name ("linear", "by_column", "packed"): that kernel everywhere (tests force each candidate this way).
+- a kernel name ("linear", "by_column", "packed", "matrix_vector"): that kernel everywhere it can run
+  (matrix_vector computes single rows only; other products then run "linear"). Tests force each candidate this way.
 """
 
 from __future__ import annotations

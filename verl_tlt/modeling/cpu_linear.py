@@ -38,11 +38,14 @@ from verl_tlt.modeling.linear_kernels import (
     bucket_of,
     disable_packed_kernel,
     packed_kernel_available,
+    serves,
     weight_layout,
 )
 
 logger = logging.getLogger(__name__)
 
+# The kernels that run from a weight copy (the others use the parameter).
+COPIED = ("by_column", "packed")
 # Up to this many rows, a small product may use the transposed copy.
 SMALL_BATCH_ROWS = 4
 # The oneDNN packed kernel serves products of at least this many multiply-adds (rows x in x out) with weights of at
@@ -69,7 +72,7 @@ class CpuLayoutLinear(nn.Linear):
     _key: int | None = None  # this module's key in _MODULES, set by register_for_compile
     _key_owner: int | None = None  # id() of the module the key was issued to (a copy carries its original's)
 
-    def invalidate(self) -> None:
+    def invalidate(self) -> None:  # one attribute per kernel in COPIED
         self._by_column = None
         self._packed = None
 
@@ -103,7 +106,7 @@ class CpuLayoutLinear(nn.Linear):
         if kernel == DEFAULT_KERNEL:
             return super().forward(x)
         try:
-            layout = self._layout(f"_{kernel}", lambda w: weight_layout(kernel, w))
+            layout = self._layout(f"_{kernel}", lambda w: weight_layout(kernel, w)) if kernel in COPIED else None
             out = apply_kernel(kernel, x.reshape(rows, self.in_features), self.weight, layout, self.bias)
         except RuntimeError as error:  # a torch build whose oneDNN ops refuse: nn.Linear from now on
             if kernel != "packed":
@@ -115,7 +118,8 @@ class CpuLayoutLinear(nn.Linear):
     def _kernel_for(self, rows: int) -> str:
         if self.kernel_choices is not None:
             kernel = self.kernel_choices[bucket_of(rows)]
-            return kernel if kernel != "packed" or packed_kernel_available() else DEFAULT_KERNEL
+            usable = serves(kernel, rows) and (kernel != "packed" or packed_kernel_available())
+            return kernel if usable else DEFAULT_KERNEL
         weight_size = self.in_features * self.out_features
         if weight_size >= PACKED_MIN_WEIGHT and rows * weight_size >= PACKED_MIN_MACS and packed_kernel_available():
             return "packed"

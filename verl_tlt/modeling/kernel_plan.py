@@ -32,7 +32,9 @@ from verl_tlt.modeling.linear_kernels import (
 
 logger = logging.getLogger(__name__)
 
-PLAN_VERSION = 1  # bump when the candidates or the measurement change: old cache entries are then ignored
+# Bump when the candidates or the measurement change: old cache entries are then ignored.
+# 2: matrix_vector added; weights measured at the model's reuse distance.
+PLAN_VERSION = 2
 
 
 @dataclass
@@ -97,11 +99,15 @@ def _plan_under_lock(layers: list[CpuLayoutLinear], host: str, path: Path | None
     cached = _read_cache(path, host) if path is not None else {}
     plan = KernelPlan(host)
     started = time.perf_counter()
+    # A step reads every layer's weight once, so a weight is reused after the model's weight bytes (tied ones once).
+    model_bytes = sum(w.numel() * w.element_size() for w in {id(m.weight): m.weight for m in layers}.values())
     for layer in layers:
         shape = shape_key(layer)
         if shape not in plan.choices:
             if shape not in cached:
-                timings = measure_kernels(layer.weight.detach(), _bias(layer), ROW_BUCKETS, available_kernels())
+                timings = measure_kernels(
+                    layer.weight.detach(), _bias(layer), ROW_BUCKETS, available_kernels(), cold_bytes=model_bytes
+                )
                 cached[shape] = {rows: choose_kernel(cell) for rows, cell in timings.items()}
                 plan.measured_shapes += 1
             plan.choices[shape] = cached[shape]

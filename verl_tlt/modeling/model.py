@@ -125,6 +125,7 @@ class AttentionBatch:
                     f"AttentionBatch.key_block must divide kv_len ({self.kv_len}) into blocks, got {self.key_block}"
                 )
         self._rows: torch.Tensor | None = None
+        self._rotary: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def rows(self, device: torch.device) -> torch.Tensor:
         """[B, 1] cache slot of every row, built once per forward and shared by all layers."""
@@ -132,6 +133,16 @@ class AttentionBatch:
             bsz = self.write_pos.shape[0]
             self._rows = torch.arange(self.row_start, self.row_start + bsz, device=device).unsqueeze(-1)
         return self._rows
+
+    def rotary(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos [B, T, 1, D], and sin with its first half negated, built once per forward for all layers: with them the
+        rotation is `x * cos + roll(x, D / 2) * signed_sin`, which is rotate_half's result bit for bit (negating a
+        factor instead of a product is exact) in three elementwise kernels instead of five."""
+        if self._rotary is None:
+            half = self.sin.shape[-1] // 2
+            signed_sin = torch.cat((-self.sin[..., :half], self.sin[..., half:]), dim=-1)
+            self._rotary = (self.cos.unsqueeze(2), signed_sin.unsqueeze(2))
+        return self._rotary
 
 
 class RMSNorm(nn.Module):
@@ -231,8 +242,9 @@ class Attention(nn.Module):
         v = v.view(bsz, seq, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             qk = torch.cat([self.q_norm(qk[:, :, : self.num_heads]), self.k_norm(qk[:, :, self.num_heads :])], dim=2)
-        cos, sin = batch.cos.unsqueeze(2), batch.sin.unsqueeze(2)  # [B, T, 1, head_dim]
-        qk = qk * cos + rotate_half(qk) * sin  # q and k heads rotated together: half the elementwise calls
+        cos, signed_sin = batch.rotary()  # [B, T, 1, head_dim]
+        # q and k heads rotated together (half the elementwise calls); the roll is rotate_half without its negation.
+        qk = qk * cos + torch.roll(qk, self.head_dim // 2, dims=-1) * signed_sin
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=2)
 
         rows = batch.rows(x.device)  # [B, 1]
