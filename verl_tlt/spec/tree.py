@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from verl_tlt.spec.draws import draw_rows, multinomial_rows
-from verl_tlt.spec.logits import LogitsParams
+from verl_tlt.spec.logits import LogitsParams, first_argmax
 from verl_tlt.spec.strategy import SpecStrategy
 
 ExpandFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -95,12 +95,12 @@ def build_chain(
     logits = root_logits
     for level in range(1, depth + 1):
         if all_greedy:
-            drafted = logits.argmax(dim=-1)
+            drafted = first_argmax(logits)
         elif keyed:
-            drafted = (params.process(logits) + noise[:, level - 1]).argmax(dim=-1)
+            drafted = first_argmax(params.process(logits) + noise[:, level - 1])
         else:
             draft_probs = params.process(logits).softmax(dim=-1)  # [B, V]
-            drafted = draft_probs.argmax(dim=-1)
+            drafted = first_argmax(draft_probs)
             drafted[sampled] = draw_rows(
                 sampled_rows, generators, default_generator, multinomial_rows(draft_probs[sampled])
             )

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from verl_tlt.spec.draws import draw_rows, multinomial_rows
+from verl_tlt.spec.logits import first_argmax
 from verl_tlt.spec.tree import DraftTree
 
 # Below this residual mass the residual is treated as exhausted (only reachable through rounding).
@@ -112,7 +113,7 @@ def _children(parents: list[int]) -> list[list[int]]:
 
 
 def _walk_greedy(logits: torch.Tensor, tokens: list[int], children: list[list[int]]) -> VerifyResult:
-    argmax = logits.argmax(dim=-1).tolist()  # [N+1]
+    argmax = first_argmax(logits).tolist()  # [N+1]
     path, emitted, node = [0], [], 0
     while True:
         target_token = argmax[node]
@@ -207,7 +208,7 @@ def _verify_chains(
 
 def _greedy_chain_verdicts(target_logits: torch.Tensor, drafted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Accepted draft count [G] (the longest prefix equal to the target's argmax) and the token emitted after it."""
-    argmax = target_logits.argmax(dim=-1)  # [G, N+1]
+    argmax = first_argmax(target_logits)  # [G, N+1]
     count = (drafted == argmax[:, :-1]).long().cumprod(dim=-1).sum(dim=-1)
     return count, argmax.gather(1, count.unsqueeze(1)).squeeze(1)
 
