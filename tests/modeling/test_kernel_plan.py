@@ -16,7 +16,7 @@ from verl_tlt.modeling.linear_kernels import (
     available_kernels,
     bucket_of,
     choose_kernel,
-    measure_kernels,
+    choose_kernels,
     serves,
     weight_layout,
 )
@@ -67,12 +67,52 @@ def test_row_counts_take_the_smallest_measured_bucket_that_holds_them():
     assert [bucket_of(r) for r in (1, 2, 3, 5, 9, 256, 1000)] == [1, 2, 4, 8, 16, 256, 256]
 
 
-def test_measurement_times_every_kernel_at_every_row_count():
-    timings = measure_kernels(torch.randn(16, 16), None, rows=(1, 4), budget_s=0.001)
-    assert set(timings) == {1, 4}
-    for rows, cell in timings.items():
-        assert set(cell) == {kernel for kernel in available_kernels() if serves(kernel, rows)}
-    assert all(seconds > 0 for cell in timings.values() for seconds in cell.values())
+def test_every_shape_gets_a_kernel_that_serves_each_row_count():
+    products = [("a", torch.randn(16, 16), None), ("b", torch.randn(8, 16), torch.randn(8))]
+    choices = choose_kernels(products, rows=(1, 4), budget_s=0.001)
+    assert set(choices) == {1, 4}
+    for rows, by_shape in choices.items():
+        assert set(by_shape) == {"a", "b"}
+        assert all(kernel in available_kernels() and serves(kernel, rows) for kernel in by_shape.values())
+
+
+def test_a_shape_is_timed_over_all_its_layers_in_passes_over_the_model():
+    ticks = iter(range(1_000_000))
+    order = []
+    real_apply = linear_kernels.apply_kernel
+
+    def spy(kernel, flat, weight, *args):
+        order.append((kernel, weight.shape[0]))
+        return real_apply(kernel, flat, weight, *args)
+
+    products = [("a", torch.randn(16, 16), None), ("b", torch.randn(8, 16), None), ("a", torch.randn(16, 16), None)]
+    assignment = ["by_column", "linear", "by_column"]
+    layouts = {kernel: [weight_layout(kernel, w) for _, w, _ in products] for kernel in ("linear", "by_column")}
+    inputs = {(16, torch.float32): torch.randn(2, 16)}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(linear_kernels, "apply_kernel", spy)
+        by_key, total = linear_kernels._time_passes(
+            products, assignment, layouts, inputs, budget_s=0, clock=lambda: next(ticks)
+        )
+    # Every call takes one tick of the fake clock: a pass gives "a" two (its two layers) and "b" one.
+    assert by_key == {"a": 2, "b": 1} and total == 3
+    assert order[:6] == [("by_column", 16), ("linear", 8), ("by_column", 16)] * 2  # whole passes, in model order
+
+
+@pytest.mark.parametrize(("mixed_s", "expected"), [(0.5, {"a": "by_column", "b": "packed"}), (0.95, None)])
+def test_a_mixture_of_kernels_is_kept_only_if_it_beats_the_best_single_kernel(monkeypatch, mixed_s, expected):
+    # Per shape, by_column wins "a" and packed wins "b"; alone, packed is the faster kernel for the whole pass.
+    per_shape = {"linear": {"a": 0.5, "b": 0.5}, "by_column": {"a": 0.3, "b": 0.7}, "packed": {"a": 0.4, "b": 0.2}}
+
+    def fake_passes(products, assignment, *args):
+        if len(set(assignment)) == 1:
+            return per_shape[assignment[0]], sum(per_shape[assignment[0]].values())
+        return {}, mixed_s
+
+    monkeypatch.setattr(linear_kernels, "_time_passes", fake_passes)
+    products = [("a", torch.randn(4, 4), None), ("b", torch.randn(8, 4), None)]
+    choices = choose_kernels(products, rows=(4,), kernels=["linear", "by_column", "packed"])
+    assert choices[4] == (expected or {"a": "packed", "b": "packed"})
 
 
 class TwoLayers(torch.nn.Module):
@@ -92,19 +132,19 @@ def test_a_plan_is_measured_once_per_shape_and_read_from_the_cache_after(tmp_pat
     assert summary["cached_shapes"] == 2 and kernel_plan.host_processor() in summary["host"]
 
 
-def test_weights_are_measured_cold_at_the_models_own_reuse_distance(tmp_path, monkeypatch):
+def test_new_shapes_are_measured_in_the_context_of_every_layer_and_cached_ones_kept(tmp_path, monkeypatch):
+    kernel_plan.plan_kernels(torch.nn.Sequential(CpuLayoutLinear(16, 32)), cache_dir=tmp_path)
     seen = []
-    real_measure = kernel_plan.measure_kernels
+    real_measure = kernel_plan.choose_kernels
 
-    def spy(*args, cold_bytes, **kwargs):
-        seen.append(cold_bytes)
-        return real_measure(*args, cold_bytes=cold_bytes, **kwargs, budget_s=0.001)
+    def spy(products, *args, **kwargs):
+        seen.append([key for key, _, _ in products])
+        return real_measure(products, *args, **kwargs)
 
-    monkeypatch.setattr(kernel_plan, "measure_kernels", spy)
-    model = TwoLayers()
-    kernel_plan.plan_kernels(model, cache_dir=tmp_path)
-    model_bytes = sum(layer.weight.numel() * 4 for layer in (model.a, model.b, model.c))
-    assert seen == [model_bytes, model_bytes]
+    monkeypatch.setattr(kernel_plan, "choose_kernels", spy)
+    plan = kernel_plan.plan_kernels(TwoLayers(), cache_dir=tmp_path)
+    assert seen == [["16x32+bias float32", "32x16 float32", "16x32+bias float32"]]
+    assert plan.measured_shapes == 1 and plan.summary()["cached_shapes"] == 1
 
 
 def test_a_cache_from_another_host_or_a_broken_file_is_measured_afresh(tmp_path, monkeypatch):

@@ -23,7 +23,9 @@ def test_rotary_table_rows_equal_the_direct_computation(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_attention_batchs_rotation_is_rotate_halfs_bit_for_bit(dtype):
     cos, sin = RotaryEmbedding(head_dim=64, theta=10000.0)(torch.tensor([[3, 17], [900, 2]]), dtype)
-    batch = AttentionBatch(row_start=0, write_pos=torch.zeros(2, 2, dtype=torch.long), attn_mask=None, cos=cos, sin=sin, kv_len=1)
+    batch = AttentionBatch(
+        row_start=0, write_pos=torch.zeros(2, 2, dtype=torch.long), attn_mask=None, cos=cos, sin=sin, kv_len=1
+    )
     qk = torch.randn(2, 2, 12, 64, dtype=dtype)[:, :, :9]  # heads sliced off, as the fused projection leaves them
     reference = qk * cos.unsqueeze(2) + rotate_half(qk) * sin.unsqueeze(2)
     rolled_cos, signed_sin = batch.rotary()

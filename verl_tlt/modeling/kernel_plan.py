@@ -2,9 +2,10 @@
 
 `plan_kernels(model)` finds the distinct shapes of the model's `CpuLayoutLinear` layers, takes each shape's choices
 from the cache (`<cache root>/kernels/<host>.json`, keyed by processor, torch version, thread count and dtype, so
-another machine or setting measures afresh) or measures them (`linear_kernels.measure_kernels`, about a second for
-a 50M model's shapes on 2 cores), and gives every layer its shape's choices. A second engine start on the same host
-costs a file read. `force_kernel(model, name)` gives every layer one kernel instead (tests, and to compare).
+another machine or setting measures afresh) or measures them (`linear_kernels.choose_kernels`: passes over the
+model's layers per candidate and row count, a few seconds for a 50M model on 2 cores), and gives every layer its
+shape's choices. A second engine start on the same host costs a file read. `force_kernel(model, name)` gives every
+layer one kernel instead (tests, and to compare).
 """
 
 from __future__ import annotations
@@ -26,14 +27,13 @@ from verl_tlt.modeling.linear_kernels import (
     DEFAULT_KERNEL,
     ROW_BUCKETS,
     available_kernels,
-    choose_kernel,
-    measure_kernels,
+    choose_kernels,
 )
 
 logger = logging.getLogger(__name__)
 
 # Bump when the candidates or the measurement change: old cache entries are then ignored.
-# 2: matrix_vector added; weights measured at the model's reuse distance.
+# 2: matrix_vector added; shapes measured in passes over the model.
 PLAN_VERSION = 2
 
 
@@ -99,18 +99,18 @@ def _plan_under_lock(layers: list[CpuLayoutLinear], host: str, path: Path | None
     cached = _read_cache(path, host) if path is not None else {}
     plan = KernelPlan(host)
     started = time.perf_counter()
-    # A step reads every layer's weight once, so a weight is reused after the model's weight bytes (tied ones once).
-    model_bytes = sum(w.numel() * w.element_size() for w in {id(m.weight): m.weight for m in layers}.values())
+    missing = sorted({shape_key(layer) for layer in layers} - set(cached))
+    if missing:
+        # Measured in passes over all the model's layers (the context a forward gives each product); only the shapes
+        # not cached yet take the new choices, so a shape keeps one choice on this host whichever model it is in.
+        products = [(shape_key(layer), layer.weight.detach(), _bias(layer)) for layer in layers]
+        choices = choose_kernels(products, ROW_BUCKETS, available_kernels())
+        for shape in missing:
+            cached[shape] = {rows: choices[rows][shape] for rows in ROW_BUCKETS}
+        plan.measured_shapes = len(missing)
     for layer in layers:
         shape = shape_key(layer)
-        if shape not in plan.choices:
-            if shape not in cached:
-                timings = measure_kernels(
-                    layer.weight.detach(), _bias(layer), ROW_BUCKETS, available_kernels(), cold_bytes=model_bytes
-                )
-                cached[shape] = {rows: choose_kernel(cell) for rows, cell in timings.items()}
-                plan.measured_shapes += 1
-            plan.choices[shape] = cached[shape]
+        plan.choices[shape] = cached[shape]
         layer.set_kernel_choices(plan.choices[shape])
     plan.measure_s = time.perf_counter() - started
     if plan.measured_shapes:

@@ -8,14 +8,15 @@ Candidates (each gives the same product, up to float rounding):
   backend and IPEX take); rows are padded to a few sizes (`packed_rows`) because oneDNN compiles a kernel per row
   count.
 - `matrix_vector`: a single row only (batch-1 decode), as `torch.mv` / `torch.addmv` on the parameter itself: the
-  BLAS matrix-vector routine instead of a one-row GEMM. On an Intel Xeon (AMX) it read the weights 15-30% faster
-  than `linear` in fp32 and bf16 alike, and batch-1 decode is nothing but reading the weights. No copy.
+  BLAS matrix-vector routine instead of a one-row GEMM. No copy. On an Intel Xeon (AMX) it made the bf16 batch-1
+  decode of a 50M model about 14% faster; in fp32 it was slower there than `linear` and `by_column`.
 
 Which is fastest depends on the processor, the shape and the row count: on an AMD EPYC (AVX-512) `packed` was up to
 4.5x faster than MKL for large weights, while on an Intel Xeon (AMX) it made the 50M model's batch-1 decode 1.46x
-slower than MKL. So instead of thresholds tuned on one host, `measure_kernels` times each candidate on the layer's
-own shape at the row counts a rollout uses (`ROW_BUCKETS`: decode batches and verify widths) and `choose_kernel`
-keeps a non-default kernel only where it is clearly faster. `kernel_plan.py` caches the choices per host and shape.
+slower than MKL. So instead of thresholds tuned on one host, `choose_kernels` times the candidates on the model's
+own layers, in passes over them in forward order, at the row counts a rollout uses (`ROW_BUCKETS`: decode batches
+and verify widths), and keeps a non-default kernel only where it is clearly faster.
+`kernel_plan.py` caches the choices per host and shape.
 """
 
 from __future__ import annotations
@@ -35,11 +36,9 @@ ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # A non-default kernel must be this much faster than the default to be chosen: a shared VM's timing noise is a few
 # percent, and keeping the default where it makes no difference keeps no weight copy.
 MIN_GAIN = 0.05
-# Measured products cycle through copies of the weight adding up to `cold_bytes`: by default this many bytes, and for
-# a model (kernel_plan) its own weight bytes, capped at MAX_COLD_BYTES. At most MAX_COPIES copies.
-COLD_BYTES = 64 << 20
-MAX_COLD_BYTES = 256 << 20
-MAX_COPIES = 256
+# Timed passes over the model per kernel and row count (choose_kernels): at least this many, at most that many.
+MIN_PASSES = 3
+MAX_PASSES = 9
 
 _packed_usable: bool | None = None  # decided on first use: this torch build may lack the oneDNN ops
 
@@ -121,53 +120,88 @@ def apply_kernel(
     return torch.nn.functional.linear(flat, weight, bias)
 
 
-def measure_kernels(
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
+Product = tuple[str, torch.Tensor, "torch.Tensor | None"]  # (shape key, weight, bias) of one layer
+
+
+def choose_kernels(
+    products: Sequence[Product],
     rows: Sequence[int] = ROW_BUCKETS,
     kernels: Sequence[str] | None = None,
-    budget_s: float = 0.02,
+    budget_s: float = 0.05,
     clock: Callable[[], float] = time.perf_counter,
-    cold_bytes: int = COLD_BYTES,
-) -> dict[int, dict[str, float]]:
-    """Seconds per product of each kernel at each row count (median of timed calls, after a warm-up call that also
-    compiles oneDNN's kernel for that row count), about `budget_s` of calls per cell.
+    min_gain: float = MIN_GAIN,
+) -> dict[int, dict[str, str]]:
+    """The kernel of each shape at each row count, `choices[rows][key]`, measured in passes over a model.
 
-    In a model every layer's weight comes from memory, not from a cache that the same product warmed a moment ago;
-    so the calls cycle through copies of the weight adding up to `cold_bytes`, the distance at which the model reuses
-    a weight (its weight bytes): a weight that a model's step evicts from the caches (480 MB of L3 on one Intel Xeon
-    VM) is measured cold, and a small model's weights, which stay in the caches, are measured hot."""
+    `products` are the model's linear layers (key, weight, bias) in the order a forward runs them; the key names the
+    shape, shared by the layers of one shape. At each row count:
+    1. a pass per candidate kernel (every layer in that kernel) gives each shape's time in it, summed over its
+       layers, and each shape takes the fastest (`choose_kernel`: the default unless another is clearly faster);
+    2. when that mixes kernels, a pass of the mixture is timed too, and it is kept only if it beats the fastest
+       single kernel by more than `min_gain`; otherwise every shape takes that kernel.
+
+    Why passes in forward order, not one weight timed in a loop: in a forward a weight is read again only after
+    every other one, between products of other shapes, so a kernel is measured with the caches in the state a
+    forward leaves them. Timed one weight at a time (even cycling through copies as large as the model) the
+    candidates ranked differently on an Intel Xeon VM with 480 MB of L3: `matrix_vector` came first for three of
+    the 50M model's shapes at batch 1, and in the model it was slower there than `linear` and `by_column`.
+    Why step 2: switching between libraries' kernels costs time of its own. There, bf16 `packed` for three shapes
+    and `matrix_vector` for two ran a pass 6-8% slower than either kernel for all five.
+    """
     kernels = tuple(kernels or available_kernels())
-    copies = max(1, min(MAX_COPIES, -(-min(cold_bytes, MAX_COLD_BYTES) // (weight.numel() * weight.element_size()))))
-    weights = [weight] + [weight.clone() for _ in range(copies - 1)]  # same values: no denormal surprises
-    layouts = {kernel: [weight_layout(kernel, w) for w in weights] for kernel in kernels}
-    timings: dict[int, dict[str, float]] = {}
+    layouts = {kernel: [weight_layout(kernel, weight) for _, weight, _ in products] for kernel in kernels}
+    choices: dict[int, dict[str, str]] = {}
     with torch.inference_mode():
-        for kernel in kernels:  # every copy's pages touched once
-            for i in range(copies):
-                apply_kernel(
-                    kernel, torch.zeros(1, weight.shape[1], dtype=weight.dtype), weights[i], layouts[kernel][i], bias
-                )
         for count in rows:
-            x = torch.randn(count, weight.shape[1], dtype=weight.dtype)
-            cell = {}
-            for kernel in (k for k in kernels if serves(k, count)):
+            inputs: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+            for _, weight, _ in products:
+                if (weight.shape[1], weight.dtype) not in inputs:
+                    inputs[weight.shape[1], weight.dtype] = torch.randn(count, weight.shape[1], dtype=weight.dtype)
 
-                def call(i: int, kernel: str = kernel, x: torch.Tensor = x) -> None:
-                    apply_kernel(kernel, x, weights[i % copies], layouts[kernel][i % copies], bias)
+            def timed(assignment: Sequence[str], inputs: dict = inputs) -> tuple[dict[str, float], float]:
+                return _time_passes(products, assignment, layouts, inputs, budget_s, clock)
 
-                call(0)  # warm-up (oneDNN compiles a kernel per row count)
-                start = clock()
-                call(1)
-                once = max(clock() - start, 1e-7)
-                samples = []
-                for i in range(max(5, min(40, int(budget_s / once)))):
-                    start = clock()
-                    call(i + 2)
-                    samples.append(clock() - start)
-                cell[kernel] = statistics.median(samples)
-            timings[count] = cell
-    return timings
+            candidates = [kernel for kernel in kernels if serves(kernel, count)]
+            uniform = {kernel: timed([kernel] * len(products)) for kernel in candidates}
+            by_key = {
+                key: choose_kernel({k: uniform[k][0][key] for k in candidates}, min_gain) for key, _, _ in products
+            }
+            single = choose_kernel({kernel: total for kernel, (_, total) in uniform.items()}, min_gain)
+            if len(set(by_key.values())) > 1:
+                _, mixed_total = timed([by_key[key] for key, _, _ in products])
+                if mixed_total >= uniform[single][1] * (1 - min_gain):
+                    by_key = dict.fromkeys(by_key, single)
+            choices[count] = by_key
+    return choices
+
+
+def _time_passes(
+    products: Sequence[Product],
+    assignment: Sequence[str],
+    layouts: dict[str, list[torch.Tensor | None]],
+    inputs: dict[tuple[int, torch.dtype], torch.Tensor],
+    budget_s: float,
+    clock: Callable[[], float],
+) -> tuple[dict[str, float], float]:
+    """Median seconds per pass of each key's products, and of a whole pass, products[i] run in assignment[i]: at
+    least MIN_PASSES timed passes, more while they fit in about `budget_s`, after a warm-up pass (which also
+    compiles oneDNN's kernel for the row count)."""
+
+    def one_pass() -> dict[str, float]:
+        seconds: dict[str, float] = {}
+        for index, ((key, weight, bias), kernel) in enumerate(zip(products, assignment, strict=True)):
+            x = inputs[weight.shape[1], weight.dtype]
+            start = clock()
+            apply_kernel(kernel, x, weight, layouts[kernel][index], bias)
+            seconds[key] = seconds.get(key, 0.0) + clock() - start
+        return seconds
+
+    one_pass()
+    passes = [one_pass()]
+    per_pass = max(sum(passes[0].values()), 1e-7)
+    passes += [one_pass() for _ in range(max(MIN_PASSES, min(MAX_PASSES, int(budget_s / per_pass))) - 1)]
+    by_key = {key: statistics.median(p[key] for p in passes) for key in passes[0]}
+    return by_key, statistics.median(sum(p.values()) for p in passes)
 
 
 def choose_kernel(cell: dict[str, float], min_gain: float = MIN_GAIN) -> str:
