@@ -9,7 +9,7 @@ Candidates (each gives the same product, up to float rounding):
   count.
 - `matrix_vector`: a single row only (batch-1 decode), as `torch.mv` / `torch.addmv` on the parameter itself: the
   BLAS matrix-vector routine instead of a one-row GEMM. No copy. On an Intel Xeon (AMX) it made the bf16 batch-1
-  decode of a 50M model about 14% faster; in fp32 it was slower there than `linear` and `by_column`.
+  decode of a 50M model faster than `linear`; in fp32 it was slower there than `linear` and `by_column`.
 
 Which is fastest depends on the processor, the shape and the row count: on an AMD EPYC (AVX-512) `packed` was up to
 4.5x faster than MKL for large weights, while on an Intel Xeon (AMX) it made the 50M model's batch-1 decode 1.46x
@@ -146,7 +146,7 @@ def choose_kernels(
     candidates ranked differently on an Intel Xeon VM with 480 MB of L3: `matrix_vector` came first for three of
     the 50M model's shapes at batch 1, and in the model it was slower there than `linear` and `by_column`.
     Why step 2: switching between libraries' kernels costs time of its own. There, bf16 `packed` for three shapes
-    and `matrix_vector` for two ran a pass 6-8% slower than either kernel for all five.
+    and `matrix_vector` for two, each shape's fastest, ran a pass slower than either kernel for all five.
     """
     kernels = tuple(kernels or available_kernels())
     layouts = {kernel: [weight_layout(kernel, weight) for _, weight, _ in products] for kernel in kernels}
