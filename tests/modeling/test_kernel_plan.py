@@ -166,6 +166,13 @@ def test_cached_choices_of_unknown_kernels_are_ignored(tmp_path):
     assert kernel_plan.plan_kernels(TwoLayers(), cache_dir=tmp_path).measured_shapes == 2
 
 
+def test_a_plan_describes_itself_in_one_line(tmp_path):
+    plan = kernel_plan.plan_kernels(TwoLayers(), cache_dir=tmp_path)
+    line = plan.describe()
+    assert line.startswith("2 shapes (2 measured in") and plan.host in line and "of 18 shape x row-count" in line
+    assert kernel_plan.force_kernel(TwoLayers(), "by_column").describe() == "by_column forced"
+
+
 def test_forcing_a_kernel_sets_it_everywhere_and_an_unknown_one_is_refused():
     model = TwoLayers()
     plan = kernel_plan.force_kernel(model, "by_column")

@@ -61,6 +61,18 @@ class KernelPlan:
             },
         }
 
+    def describe(self) -> str:
+        """One line for a log: where the choices came from and how many are not the default."""
+        if self.forced is not None:
+            return f"{self.forced} forced"
+        picks = [kernel for by_rows in self.choices.values() for kernel in by_rows.values()]
+        others = sorted({kernel for kernel in picks if kernel != DEFAULT_KERNEL})
+        return (
+            f"{len(self.choices)} shapes ({self.measured_shapes} measured in {self.measure_s:.1f} s, the rest "
+            f"cached) on {self.host}; {sum(k != DEFAULT_KERNEL for k in picks)} of {len(picks)} shape x row-count "
+            f"choices not {DEFAULT_KERNEL!r}" + (f" ({', '.join(others)})" if others else "")
+        )
+
 
 def host_processor() -> str:
     """The CPU's model name (/proc/cpuinfo; `platform.processor()` is often just the architecture on Linux)."""

@@ -19,6 +19,7 @@ def test_no_torch_options_means_the_defaults(rollout):
     assert options == TorchRolloutConfig()
     assert (options.num_threads, options.max_num_seqs, options.trace_path) == (1, None, None)
     assert (options.compile, options.cuda_graphs, options.sampling) == (False, False, "keyed")
+    assert options.cpu_kernels == "measure"
 
 
 def test_options_are_read_from_verls_omegaconf_node_with_interpolations():
@@ -51,6 +52,7 @@ def test_the_sampling_choices_are_the_engines():
         ({"max_num_seqs": 0}, [f"{KEY}.max_num_seqs must be >= 1 or null"]),
         ({"trace_path": 3}, [f"{KEY}.trace_path must be str | None, got 3"]),
         ({"sampling": "nucleus"}, ["got 'nucleus'", f"set {KEY}.sampling=keyed or {KEY}.sampling=rejection"]),
+        ({"cpu_kernels": "fastest"}, ["got 'fastest'", "'measure' | 'thresholds'", f"{KEY}.cpu_kernels=measure"]),
     ],
 )
 def test_bad_options_name_the_key_path_the_value_and_the_fix(options, messages):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from verl_tlt.config import build_config
+from verl_tlt.engine.cpu_kernels import CPU_KERNEL_MODES
 from verl_tlt.engine.engine import SAMPLING_MODES
 
 # Where verl users set these keys (every error message names the full path).
@@ -20,6 +21,7 @@ TORCH_ENGINE_KWARGS_KEY = "actor_rollout_ref.rollout.engine_kwargs.torch"
 
 # The engine's own list of modes, as a type, so that the loader checks the value and the docs list the choices.
 SamplingMode = Literal[SAMPLING_MODES]
+CpuKernelMode = Literal[CPU_KERNEL_MODES]
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,16 @@ class TorchRolloutConfig:
         },
     )
 
+    cpu_kernels: CpuKernelMode = field(
+        default="measure",
+        metadata={
+            "help": "How each linear layer picks its CPU kernel. measure: timed on this host for the model's shapes "
+            "at start-up and cached per host (~/.cache/verl-tlt/kernels, or $VERL_TLT_CACHE/kernels), so replicas "
+            "share one measurement; thresholds: size rules measured on one AMD EPYC (fp32 only); a kernel name: "
+            "that kernel everywhere it can run."
+        },
+    )
+
     def __post_init__(self) -> None:
         if self.num_threads < 1:
             raise ValueError(
@@ -80,6 +92,11 @@ class TorchRolloutConfig:
             raise ValueError(
                 f"{TORCH_ENGINE_KWARGS_KEY}.max_num_seqs must be >= 1 or null (= actor_rollout_ref.rollout."
                 f"max_num_seqs), got {self.max_num_seqs}"
+            )
+        if self.cpu_kernels not in CPU_KERNEL_MODES:
+            raise ValueError(
+                f"{TORCH_ENGINE_KWARGS_KEY}.cpu_kernels must be one of {list(CPU_KERNEL_MODES)}, got "
+                f"{self.cpu_kernels!r}; e.g. {TORCH_ENGINE_KWARGS_KEY}.cpu_kernels=measure"
             )
         if self.sampling not in SAMPLING_MODES:
             choices = " or ".join(f"{TORCH_ENGINE_KWARGS_KEY}.sampling={mode}" for mode in SAMPLING_MODES)

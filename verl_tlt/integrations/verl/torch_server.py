@@ -88,6 +88,7 @@ class TorchRolloutServer:
             cuda_graphs=options.cuda_graphs,
             sampling=options.sampling,
             group_drafts=self._group_drafts(),
+            cpu_kernels=options.cpu_kernels,
         )
         self._thread = threading.Thread(
             target=with_torch_threads(self._run_engine, options.num_threads),
@@ -95,7 +96,13 @@ class TorchRolloutServer:
             daemon=True,
         )
         self._thread.start()
-        logger.info("torch rollout server %d ready (%s)", self.replica_rank, self.model_config.local_path)
+        plan = self.engine.kernel_plan
+        logger.info(
+            "torch rollout server %d ready (%s); CPU linear kernels: %s",
+            self.replica_rank,
+            self.model_config.local_path,
+            "default" if plan is None else plan.describe(),
+        )
 
     # ----- token-in/token-out --------------------------------------------------------------------------------
 
