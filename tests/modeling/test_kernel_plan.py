@@ -166,6 +166,23 @@ def test_cached_choices_of_unknown_kernels_are_ignored(tmp_path):
     assert kernel_plan.plan_kernels(TwoLayers(), cache_dir=tmp_path).measured_shapes == 2
 
 
+def test_a_torch_build_whose_packed_kernel_refuses_is_measured_without_it(tmp_path, monkeypatch):
+    if "packed" not in available_kernels():
+        pytest.skip("this torch build has no oneDNN packed linear")
+    real_layout = linear_kernels.weight_layout
+
+    def refusing(kernel, weight):
+        if kernel == "packed":
+            raise RuntimeError("could not create a primitive")
+        return real_layout(kernel, weight)
+
+    monkeypatch.setattr(linear_kernels, "weight_layout", refusing)
+    monkeypatch.setattr(linear_kernels, "_packed_usable", None)  # restored after the test
+    plan = kernel_plan.plan_kernels(TwoLayers(), cache_dir=tmp_path)
+    assert "packed" not in available_kernels() and plan.measured_shapes == 2
+    assert all(kernel != "packed" for by_rows in plan.choices.values() for kernel in by_rows.values())
+
+
 def test_a_plan_describes_itself_in_one_line(tmp_path):
     plan = kernel_plan.plan_kernels(TwoLayers(), cache_dir=tmp_path)
     line = plan.describe()

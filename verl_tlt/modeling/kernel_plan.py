@@ -28,6 +28,7 @@ from verl_tlt.modeling.linear_kernels import (
     ROW_BUCKETS,
     available_kernels,
     choose_kernels,
+    disable_packed_kernel,
 )
 
 logger = logging.getLogger(__name__)
@@ -116,7 +117,14 @@ def _plan_under_lock(layers: list[CpuLayoutLinear], host: str, path: Path | None
         # Measured in passes over all the model's layers (the context a forward gives each product); only the shapes
         # not cached yet take the new choices, so a shape keeps one choice on this host whichever model it is in.
         products = [(shape_key(layer), layer.weight.detach(), _bias(layer)) for layer in layers]
-        choices = choose_kernels(products, ROW_BUCKETS, available_kernels())
+        try:
+            choices = choose_kernels(products, ROW_BUCKETS, available_kernels())
+        except RuntimeError as error:  # a torch build whose oneDNN ops refuse: measure without them
+            if "packed" not in available_kernels():
+                raise
+            disable_packed_kernel()
+            logger.warning("oneDNN packed linear unavailable in this torch build (%s); measuring without it", error)
+            choices = choose_kernels(products, ROW_BUCKETS, available_kernels())
         for shape in missing:
             cached[shape] = {rows: choices[rows][shape] for rows in ROW_BUCKETS}
         plan.measured_shapes = len(missing)
