@@ -26,13 +26,13 @@ Parameters and names are nn.Linear's, so checkpoints and weight syncs are unaffe
 from __future__ import annotations
 
 import itertools
-import logging
 import weakref
 
 import torch
 from torch import nn
 
 from verl_tlt.modeling.linear_kernels import (
+    COPY_KERNELS,
     DEFAULT_KERNEL,
     apply_kernel,
     bucket_of,
@@ -42,10 +42,6 @@ from verl_tlt.modeling.linear_kernels import (
     weight_layout,
 )
 
-logger = logging.getLogger(__name__)
-
-# The kernels that run from a weight copy (the others use the parameter).
-COPIED = ("by_column", "packed")
 # Up to this many rows, a small product may use the transposed copy.
 SMALL_BATCH_ROWS = 4
 # The oneDNN packed kernel serves products of at least this many multiply-adds (rows x in x out) with weights of at
@@ -72,7 +68,7 @@ class CpuLayoutLinear(nn.Linear):
     _key: int | None = None  # this module's key in _MODULES, set by register_for_compile
     _key_owner: int | None = None  # id() of the module the key was issued to (a copy carries its original's)
 
-    def invalidate(self) -> None:  # one attribute per kernel in COPIED
+    def invalidate(self) -> None:  # one attribute per kernel in COPY_KERNELS
         self._by_column = None
         self._packed = None
 
@@ -106,12 +102,12 @@ class CpuLayoutLinear(nn.Linear):
         if kernel == DEFAULT_KERNEL:
             return super().forward(x)
         try:
-            layout = self._layout(f"_{kernel}", lambda w: weight_layout(kernel, w)) if kernel in COPIED else None
+            layout = self._layout(f"_{kernel}", lambda w: weight_layout(kernel, w)) if kernel in COPY_KERNELS else None
             out = apply_kernel(kernel, x.reshape(rows, self.in_features), self.weight, layout, self.bias)
         except RuntimeError as error:  # a torch build whose oneDNN ops refuse: nn.Linear from now on
             if kernel != "packed":
                 raise
-            _disable_packed_kernel(error)
+            disable_packed_kernel(error)
             return super().forward(x)
         return out.view(*x.shape[:-1], self.out_features)
 
@@ -168,8 +164,3 @@ def invalidate_cpu_layouts(module: nn.Module) -> None:
     for child in module.modules():
         if isinstance(child, CpuLayoutLinear):
             child.invalidate()
-
-
-def _disable_packed_kernel(error: Exception) -> None:
-    disable_packed_kernel()
-    logger.warning("oneDNN packed linear unavailable in this torch build (%s); using nn.Linear", error)

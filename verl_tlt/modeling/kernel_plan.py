@@ -122,8 +122,7 @@ def _plan_under_lock(layers: list[CpuLayoutLinear], host: str, path: Path | None
         except RuntimeError as error:  # a torch build whose oneDNN ops refuse: measure without them
             if "packed" not in available_kernels():
                 raise
-            disable_packed_kernel()
-            logger.warning("oneDNN packed linear unavailable in this torch build (%s); measuring without it", error)
+            disable_packed_kernel(error)
             choices = choose_kernels(products, ROW_BUCKETS, available_kernels())
         for shape in missing:
             cached[shape] = {rows: choices[rows][shape] for rows in ROW_BUCKETS}

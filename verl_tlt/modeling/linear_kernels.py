@@ -21,16 +21,21 @@ and verify widths), and keeps a non-default kernel only where it is clearly fast
 
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 from collections.abc import Callable, Sequence
 
 import torch
 
+logger = logging.getLogger(__name__)
+
 DEFAULT_KERNEL = "linear"
 KERNELS = ("linear", "by_column", "packed", "matrix_vector")
 # Kernels that serve only products of this many rows (other row counts run the default).
 SINGLE_ROW_KERNELS = frozenset({"matrix_vector"})
+# Kernels that run from a copy of the weight (`weight_layout`); the others use the parameter itself.
+COPY_KERNELS = ("by_column", "packed")
 # Row counts measured; a product of r rows takes the choice of the smallest bucket >= r (the largest beyond).
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # A non-default kernel must be this much faster than the default to be chosen: a shared VM's timing noise is a few
@@ -56,10 +61,11 @@ def packed_kernel_available() -> bool:
     return _packed_usable
 
 
-def disable_packed_kernel() -> None:
-    """This build's oneDNN ops refused a call: never offer `packed` again in this process."""
+def disable_packed_kernel(error: Exception) -> None:
+    """This build's oneDNN ops refused a call (`error`): never offer `packed` again in this process."""
     global _packed_usable
     _packed_usable = False
+    logger.warning("oneDNN packed linear unavailable in this torch build (%s); other kernels serve its products", error)
 
 
 def available_kernels() -> tuple[str, ...]:
@@ -93,7 +99,7 @@ def weight_layout(kernel: str, weight: torch.Tensor) -> torch.Tensor | None:
         return weight.t().contiguous()
     if kernel == "packed":
         return torch.ops.mkldnn._reorder_linear_weight(weight, None)
-    if kernel in (DEFAULT_KERNEL, "matrix_vector"):
+    if kernel in KERNELS:
         return None
     raise ValueError(f"unknown linear kernel {kernel!r}; choose from {', '.join(KERNELS)}")
 
@@ -120,7 +126,7 @@ def apply_kernel(
     return torch.nn.functional.linear(flat, weight, bias)
 
 
-Product = tuple[str, torch.Tensor, "torch.Tensor | None"]  # (shape key, weight, bias) of one layer
+Product = tuple[str, torch.Tensor, torch.Tensor | None]  # (shape key, weight, bias) of one layer
 
 
 def choose_kernels(
