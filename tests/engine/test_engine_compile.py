@@ -15,6 +15,7 @@ from tests.engine.drafters import HFModelDrafter
 from verl_tlt.engine import RolloutEngine, SamplingParams
 from verl_tlt.engine.compiled_forward import STEP_KINDS, CompiledForward
 from verl_tlt.modeling.cpu_linear import PACKED_MIN_WEIGHT, CpuLayoutLinear
+from verl_tlt.modeling.linear_kernels import NO_PACKED_ENV, packed_kernel_available
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18, 19, 20], [21], [30, 31, 32]]
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
@@ -61,7 +62,12 @@ def test_weights_loaded_in_place_are_used_by_the_compiled_steps(engines):
             engine.load_weights(original.items())
 
 
-def test_large_weights_keep_the_cpu_layouts_inside_compiled_steps(tmp_path, monkeypatch):
+@pytest.mark.parametrize("packed", ["host", "switched_off"])
+def test_large_weights_keep_the_cpu_layouts_inside_compiled_steps(tmp_path, monkeypatch, packed):
+    if packed == "switched_off":
+        monkeypatch.setenv(NO_PACKED_ENV, "1")  # what an AVX2-only host without the packed kernel does, on any host
+    elif not packed_kernel_available(torch.float32):
+        pytest.skip("this host's oneDNN refuses the packed linear in float32 (see the switched_off case)")
     intermediate = PACKED_MIN_WEIGHT // 64  # hidden 64: the MLP's products are just large enough for the packed kernel
     build_tiny_model("qwen2", tmp_path, weight_std=0.05, intermediate_size=intermediate)
     eager = RolloutEngine.from_pretrained(str(tmp_path), max_num_seqs=2)
@@ -77,12 +83,16 @@ def test_large_weights_keep_the_cpu_layouts_inside_compiled_steps(tmp_path, monk
     reference = eager.generate(prompts, GREEDY)
     monkeypatch.setattr(CpuLayoutLinear, "_layout_forward", recording)
     assert_same_outputs(compiled.generate(prompts, GREEDY), reference)
-    # The MLP's products live inside the compiled body: they reach the layouts through the custom op, at every step
-    # (1 prefill + 19 decode steps, 2 layers); the small attention products are left to inductor. The LM head runs
-    # outside the compiled body.
     down, gate_up, lm_head = (intermediate, 64), (64, 2 * intermediate), (64, 97)
-    assert shapes.count(down) == shapes.count(gate_up) == 2 * GREEDY.max_tokens
-    assert set(shapes) == {down, gate_up, lm_head}
+    # The LM head runs outside the compiled body, through the layouts, at every step (1 prefill + 19 decode steps).
+    assert shapes.count(lm_head) == GREEDY.max_tokens
+    if packed == "host":
+        # The MLP's products live inside the compiled body: they reach the layouts through the custom op, at every
+        # step (2 layers); the small attention products are left to inductor.
+        assert shapes.count(down) == shapes.count(gate_up) == 2 * GREEDY.max_tokens
+        assert set(shapes) == {down, gate_up, lm_head}
+    else:  # no packed kernel: inductor's product serves the large weights too, inside the compiled body
+        assert set(shapes) == {lm_head}
 
 
 def test_each_engine_compiles_into_code_objects_of_its_own(varied_qwen2):

@@ -26,7 +26,7 @@ from verl_tlt.modeling.linear_kernels import (
 @pytest.mark.parametrize("rows", [1, 3, 37])
 def test_every_kernel_computes_nn_linears_product(kernel, rows):
     if kernel not in available_kernels():
-        pytest.skip("this torch build has no oneDNN packed linear")
+        pytest.skip("this host's oneDNN refuses the packed linear in float32 (or VERL_TLT_NO_PACKED_KERNEL is set)")
     weight, bias, x = torch.randn(48, 32), torch.randn(48), torch.randn(rows, 32)
     for b in (bias, None):
         if not serves(kernel, rows):
@@ -167,8 +167,6 @@ def test_cached_choices_of_unknown_kernels_are_ignored(tmp_path):
 
 
 def test_a_torch_build_whose_packed_kernel_refuses_is_measured_without_it(tmp_path, monkeypatch):
-    if "packed" not in available_kernels():
-        pytest.skip("this torch build has no oneDNN packed linear")
     real_layout = linear_kernels.weight_layout
 
     def refusing(kernel, weight):
@@ -177,10 +175,54 @@ def test_a_torch_build_whose_packed_kernel_refuses_is_measured_without_it(tmp_pa
         return real_layout(kernel, weight)
 
     monkeypatch.setattr(linear_kernels, "weight_layout", refusing)
-    monkeypatch.setattr(linear_kernels, "_packed_usable", None)  # restored after the test
+    monkeypatch.delenv(linear_kernels.NO_PACKED_ENV, raising=False)
+    # As if the probe had passed (it does on hosts with the kernel): the refusal comes from the measurement itself.
+    monkeypatch.setattr(linear_kernels, "_packed_usable", {torch.float32: True})
     plan = kernel_plan.plan_kernels(TwoLayers(), cache_dir=tmp_path)
     assert "packed" not in available_kernels() and plan.measured_shapes == 2
     assert all(kernel != "packed" for by_rows in plan.choices.values() for kernel in by_rows.values())
+
+
+def test_a_refusal_in_one_dtype_keeps_the_packed_kernel_for_the_others(monkeypatch):
+    monkeypatch.delenv(linear_kernels.NO_PACKED_ENV, raising=False)
+    # An AVX2-only processor refuses packed bf16 and runs packed fp32: a bf16 engine in the process must not take the
+    # kernel from fp32 ones.
+    monkeypatch.setattr(linear_kernels, "_packed_usable", {torch.float32: True, torch.bfloat16: True})
+    linear_kernels.disable_packed_kernel(RuntimeError("bf16 path needs avx512bw"), torch.bfloat16)
+    assert "packed" in available_kernels(torch.float32) and "packed" not in available_kernels(torch.bfloat16)
+    assert "packed" not in linear_kernels.kernels_for_all({torch.float32, torch.bfloat16})
+
+
+def test_the_switch_makes_any_host_plan_and_serve_without_the_packed_kernel(tmp_path, monkeypatch):
+    monkeypatch.delenv(linear_kernels.NO_PACKED_ENV, raising=False)
+    with_packed_host = kernel_plan.host_key()
+    monkeypatch.setenv(linear_kernels.NO_PACKED_ENV, "1")
+    assert "packed" not in available_kernels(torch.float32) and "packed" not in available_kernels(torch.bfloat16)
+    assert kernel_plan.host_key() != with_packed_host  # its plans are cached apart
+    plan = kernel_plan.plan_kernels(TwoLayers(), cache_dir=tmp_path)
+    assert all(kernel != "packed" for by_rows in plan.choices.values() for kernel in by_rows.values())
+    with pytest.raises(ValueError, match="not available"):
+        kernel_plan.force_kernel(TwoLayers(), "packed")
+    # The size thresholds would pick packed for this product; switched off, it runs without.
+    layer = CpuLayoutLinear(512, 512)
+    layer.cpu_layouts = True
+    x = torch.randn(37, 512)
+    with torch.no_grad():
+        out = layer(x)
+    assert getattr(layer, "_packed", None) is None  # no packed copy was built
+    assert torch.allclose(out, torch.nn.functional.linear(x, layer.weight, layer.bias), atol=1e-5)
+
+
+def test_the_probe_decides_from_a_real_call(monkeypatch):
+    monkeypatch.delenv(linear_kernels.NO_PACKED_ENV, raising=False)
+    monkeypatch.setattr(linear_kernels, "_packed_usable", {})
+
+    def refusing(*args):
+        raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert")
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refusing)
+    assert not linear_kernels.packed_kernel_available(torch.bfloat16)
+    assert linear_kernels._packed_usable == {torch.bfloat16: False}
 
 
 def test_a_plan_describes_itself_in_one_line(tmp_path):

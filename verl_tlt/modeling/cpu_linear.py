@@ -67,6 +67,7 @@ class CpuLayoutLinear(nn.Linear):
     kernel_choices: dict[int, str] | None = None  # row bucket -> kernel, from a kernel plan; None: the thresholds
     _key: int | None = None  # this module's key in _MODULES, set by register_for_compile
     _key_owner: int | None = None  # id() of the module the key was issued to (a copy carries its original's)
+    _compiled_via_op = False  # set by register_for_compile: a large weight whose packed kernel runs on this host
 
     def invalidate(self) -> None:  # one attribute per kernel in COPY_KERNELS
         self._by_column = None
@@ -90,8 +91,7 @@ class CpuLayoutLinear(nn.Linear):
             # Large weights: the layouts' kernels, opaque to the compiler. Small ones: traced as a plain product, where
             # inductor's own kernel is as fast and the step's elementwise work fuses around it.
             registered = self._key is not None and self._key_owner == id(self)  # plain attributes: traceable
-            large = self.in_features * self.out_features >= PACKED_MIN_WEIGHT
-            if registered and large and packed_kernel_available():
+            if registered and self._compiled_via_op:
                 return torch.ops.verl_tlt.cpu_layout_linear(x, self._key)
             return super().forward(x)
         return self._layout_forward(x)
@@ -107,17 +107,21 @@ class CpuLayoutLinear(nn.Linear):
         except RuntimeError as error:  # a torch build whose oneDNN ops refuse: nn.Linear from now on
             if kernel != "packed":
                 raise
-            disable_packed_kernel(error)
+            disable_packed_kernel(error, self.weight.dtype)
             return super().forward(x)
         return out.view(*x.shape[:-1], self.out_features)
 
     def _kernel_for(self, rows: int) -> str:
         if self.kernel_choices is not None:
             kernel = self.kernel_choices[bucket_of(rows)]
-            usable = serves(kernel, rows) and (kernel != "packed" or packed_kernel_available())
+            usable = serves(kernel, rows) and (kernel != "packed" or packed_kernel_available(self.weight.dtype))
             return kernel if usable else DEFAULT_KERNEL
         weight_size = self.in_features * self.out_features
-        if weight_size >= PACKED_MIN_WEIGHT and rows * weight_size >= PACKED_MIN_MACS and packed_kernel_available():
+        if (
+            weight_size >= PACKED_MIN_WEIGHT
+            and rows * weight_size >= PACKED_MIN_MACS
+            and packed_kernel_available(self.weight.dtype)
+        ):
             return "packed"
         return "by_column" if rows <= SMALL_BATCH_ROWS else DEFAULT_KERNEL
 
@@ -149,6 +153,11 @@ def register_for_compile(module: nn.Module) -> None:
         if isinstance(child, CpuLayoutLinear) and (child._key is None or _MODULES.get(child._key) is not child):
             child._key, child._key_owner = next(_module_keys), id(child)
             _MODULES[child._key] = child
+        if isinstance(child, CpuLayoutLinear):
+            # Decided here, outside the traced code (the probe and the switch are not for dynamo to trace); without
+            # the packed kernel, inductor's product is as fast as the layouts' BLAS kernels, so it is traced.
+            large = child.in_features * child.out_features >= PACKED_MIN_WEIGHT
+            child._compiled_via_op = large and packed_kernel_available(child.weight.dtype)
 
 
 def set_cpu_layouts(module: nn.Module, enabled: bool) -> None:

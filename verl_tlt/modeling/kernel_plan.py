@@ -25,10 +25,13 @@ from verl_tlt.files import atomic_write_text, default_cache_root, exclusive_lock
 from verl_tlt.modeling.cpu_linear import CpuLayoutLinear
 from verl_tlt.modeling.linear_kernels import (
     DEFAULT_KERNEL,
+    NO_PACKED_ENV,
     ROW_BUCKETS,
     available_kernels,
     choose_kernels,
     disable_packed_kernel,
+    kernels_for_all,
+    packed_disabled_by_env,
 )
 
 logger = logging.getLogger(__name__)
@@ -87,8 +90,13 @@ def host_processor() -> str:
 
 
 def host_key() -> str:
-    """What a kernel's speed depends on besides the shape: processor, torch build, threads."""
-    return f"{host_processor()} | torch {torch.__version__} | {torch.get_num_threads()} threads | v{PLAN_VERSION}"
+    """What a kernel's speed depends on besides the shape: processor, torch build, threads, and whether the packed
+    kernel is switched off (NO_PACKED_ENV): plans measured without it are not reused with it, nor the other way."""
+    switched_off = f" | {NO_PACKED_ENV}" if packed_disabled_by_env() else ""
+    return (
+        f"{host_processor()} | torch {torch.__version__} | {torch.get_num_threads()} threads | v{PLAN_VERSION}"
+        + switched_off
+    )
 
 
 def plan_kernels(model: nn.Module, cache_dir: str | Path | None = None) -> KernelPlan:
@@ -117,13 +125,15 @@ def _plan_under_lock(layers: list[CpuLayoutLinear], host: str, path: Path | None
         # Measured in passes over all the model's layers (the context a forward gives each product); only the shapes
         # not cached yet take the new choices, so a shape keeps one choice on this host whichever model it is in.
         products = [(shape_key(layer), layer.weight.detach(), _bias(layer)) for layer in layers]
+        dtypes = {layer.weight.dtype for layer in layers}
         try:
-            choices = choose_kernels(products, ROW_BUCKETS, available_kernels())
-        except RuntimeError as error:  # a torch build whose oneDNN ops refuse: measure without them
-            if "packed" not in available_kernels():
+            choices = choose_kernels(products, ROW_BUCKETS, kernels_for_all(dtypes))
+        except RuntimeError as error:  # oneDNN refused a shape its probe passed: measure without it
+            if "packed" not in kernels_for_all(dtypes):
                 raise
-            disable_packed_kernel(error)
-            choices = choose_kernels(products, ROW_BUCKETS, available_kernels())
+            for dtype in dtypes:
+                disable_packed_kernel(error, dtype)
+            choices = choose_kernels(products, ROW_BUCKETS, kernels_for_all(dtypes))
         for shape in missing:
             cached[shape] = {rows: choices[rows][shape] for rows in ROW_BUCKETS}
         plan.measured_shapes = len(missing)
@@ -146,8 +156,9 @@ def _plan_under_lock(layers: list[CpuLayoutLinear], host: str, path: Path | None
 
 def force_kernel(model: nn.Module, kernel: str) -> KernelPlan:
     """Every CpuLayoutLinear under `model` runs `kernel` at every row count."""
-    if kernel not in available_kernels():
-        raise ValueError(f"CPU linear kernel {kernel!r} is not available here; choose from {available_kernels()}")
+    usable = kernels_for_all({layer.weight.dtype for layer in model.modules() if isinstance(layer, CpuLayoutLinear)})
+    if kernel not in usable:
+        raise ValueError(f"CPU linear kernel {kernel!r} is not available here; choose from {usable}")
     plan = KernelPlan(host_key(), forced=kernel)
     for layer in model.modules():
         if isinstance(layer, CpuLayoutLinear):
@@ -176,10 +187,11 @@ def _read_cache(path: Path, host: str) -> dict[str, dict[int, str]]:
         return {}
     if data.get("host") != host:
         return {}
-    kernels = set(available_kernels())
     choices = {}
     for shape, by_rows in data.get("choices", {}).items():
         entry = {int(rows): kernel for rows, kernel in by_rows.items()}
+        dtype = getattr(torch, shape.rpartition(" ")[2], None)  # shape_key ends with the dtype
+        kernels = set(available_kernels(dtype)) if isinstance(dtype, torch.dtype) else set()
         if set(entry) == set(ROW_BUCKETS) and set(entry.values()) <= kernels:
             choices[shape] = entry
     return choices

@@ -22,6 +22,7 @@ and verify widths), and keeps a non-default kernel only where it is clearly fast
 from __future__ import annotations
 
 import logging
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -45,31 +46,60 @@ MIN_GAIN = 0.05
 MIN_PASSES = 3
 MAX_PASSES = 9
 
-_packed_usable: bool | None = None  # decided on first use: this torch build may lack the oneDNN ops
+# Set to 1 to run as a host without the oneDNN packed kernel would (an AVX2-only processor refuses it in bf16, some
+# torch builds lack it altogether): the other kernels then serve every product, so that path is tested on any host.
+NO_PACKED_ENV = "VERL_TLT_NO_PACKED_KERNEL"
+
+# dtype -> whether oneDNN's packed product runs here, decided on first use by a real call (`_probe_packed`): the ops
+# can exist and still refuse a dtype (bf16 needs AVX-512 or AVX-NE-CONVERT), and a refusal in one dtype says nothing
+# of another.
+_packed_usable: dict[torch.dtype, bool] = {}
 
 
-def packed_kernel_available() -> bool:
-    global _packed_usable
-    if _packed_usable is None:
-        ops = getattr(torch.ops, "mkldnn", None)
-        _packed_usable = bool(
-            torch.backends.mkldnn.is_available()
-            and ops is not None
-            and hasattr(ops, "_reorder_linear_weight")
-            and hasattr(ops, "_linear_pointwise")
-        )
-    return _packed_usable
+def packed_disabled_by_env() -> bool:
+    return os.environ.get(NO_PACKED_ENV, "") not in ("", "0")
 
 
-def disable_packed_kernel(error: Exception) -> None:
-    """This build's oneDNN ops refused a call (`error`): never offer `packed` again in this process."""
-    global _packed_usable
-    _packed_usable = False
-    logger.warning("oneDNN packed linear unavailable in this torch build (%s); other kernels serve its products", error)
+def packed_kernel_available(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether the `packed` kernel serves products in `dtype` on this host (False everywhere under NO_PACKED_ENV)."""
+    if packed_disabled_by_env():
+        return False
+    if dtype not in _packed_usable:
+        _packed_usable[dtype] = _probe_packed(dtype)
+    return _packed_usable[dtype]
 
 
-def available_kernels() -> tuple[str, ...]:
-    return KERNELS if packed_kernel_available() else tuple(k for k in KERNELS if k != "packed")
+def _probe_packed(dtype: torch.dtype) -> bool:
+    ops = getattr(torch.ops, "mkldnn", None)
+    if not (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")):
+        logger.info("this torch build has no oneDNN packed linear; other kernels serve its products")
+        return False
+    weight = torch.ones(16, 16, dtype=dtype)
+    try:
+        with torch.inference_mode():
+            layout = ops._reorder_linear_weight(weight, None)
+            ops._linear_pointwise(torch.ones(8, 16, dtype=dtype), layout, None, "none", [], "")
+    except RuntimeError as error:
+        logger.info("oneDNN packed linear refuses %s here (%s); other kernels serve its products", dtype, error)
+        return False
+    return True
+
+
+def disable_packed_kernel(error: Exception, dtype: torch.dtype) -> None:
+    """This build's oneDNN ops refused a call in `dtype` (`error`): never offer `packed` for it again here."""
+    _packed_usable[dtype] = False
+    logger.warning("oneDNN packed linear unavailable for %s (%s); other kernels serve its products", dtype, error)
+
+
+def available_kernels(dtype: torch.dtype = torch.float32) -> tuple[str, ...]:
+    """The candidates for products in `dtype` on this host."""
+    return KERNELS if packed_kernel_available(dtype) else tuple(k for k in KERNELS if k != "packed")
+
+
+def kernels_for_all(dtypes: set[torch.dtype] | frozenset[torch.dtype]) -> tuple[str, ...]:
+    """The candidates that serve products in every one of `dtypes` (a model's layers, usually one dtype)."""
+    usable = [available_kernels(dtype) for dtype in dtypes] or [available_kernels()]
+    return tuple(kernel for kernel in KERNELS if all(kernel in kernels for kernels in usable))
 
 
 def bucket_of(rows: int) -> int:
@@ -154,7 +184,7 @@ def choose_kernels(
     Why step 2: switching between libraries' kernels costs time of its own. There, bf16 `packed` for three shapes
     and `matrix_vector` for two, each shape's fastest, ran a pass slower than either kernel for all five.
     """
-    kernels = tuple(kernels or available_kernels())
+    kernels = tuple(kernels or kernels_for_all({weight.dtype for _, weight, _ in products}))
     layouts = {kernel: [weight_layout(kernel, weight) for _, weight, _ in products] for kernel in kernels}
     choices: dict[int, dict[str, str]] = {}
     with torch.inference_mode():

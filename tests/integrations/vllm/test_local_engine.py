@@ -197,7 +197,11 @@ def test_sampled_sd_has_the_distribution_of_plain_sampling(engines, prompts):
         for i in chunks
         for t in plain.generate([prompt] * THRESHOLD, length, temperature=1.0, seed=90_000 + i).token_ids
     ]
-    assert stats["steps_sd"] > 0 and stats["steps_plain"] <= len(chunks)  # plain only at prefill-only steps
+    # Speculation produced the sample: each request's first token comes from its prefill (a plain step), and nearly
+    # every later one from a speculative step. A share of tokens, not a count of steps: how vLLM splits admissions
+    # into steps varies from run to run by a step or two.
+    later_tokens = stats["tokens_sd"] + stats["tokens_plain"] - samples
+    assert stats["tokens_sd"] >= 0.9 * later_tokens, stats
     p_values = position_p_values(with_sd, without, length)
     assert p_values, "the toy target was deterministic at every position: no distribution to compare"
     assert min(p_values) > 0.001 / len(p_values), p_values
