@@ -3,7 +3,13 @@
 # then runs every CPU test in .venv, including the verl GRPO end-to-end smoke, and the vLLM tier (tests marked
 # `vllm`: TLT on vLLM's CPU build) in .venv-vllm, each under a hard timeout. Extra arguments go to both pytest runs.
 # VERL_TLT_SKIP_VLLM=1 skips the vLLM tier (and its environment).
+# --quick (first argument): the unit tier alone, for the edit loop: no verl job, no slow test, no vLLM tier.
 set -uo pipefail
+QUICK=0
+if [ "${1:-}" = "--quick" ]; then
+  QUICK=1
+  shift
+fi
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/setup_env.sh" || exit 1
 set +e  # the set-up script turns errexit on; a failing main tier must still let the vLLM tier run
@@ -12,6 +18,11 @@ export HF_HUB_OFFLINE=1 WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false
 # A hung Ray worker or vLLM engine must not hang CI: each run is bounded too (each verl job and vLLM test also has its
 # own timeout). About 20 minutes for the main run on a quiet 2-core machine; the bounds leave room for a machine at
 # about half that speed.
+if [ "$QUICK" = "1" ]; then
+  timeout --kill-after=30 "${VERL_TLT_TEST_TIMEOUT:-1200}" "$VERL_TLT_PYTHON" -m pytest \
+    -m "not gpu and not vllm and not e2e and not slow" "$@"
+  exit $?
+fi
 timeout --kill-after=30 "${VERL_TLT_TEST_TIMEOUT:-2700}" "$VERL_TLT_PYTHON" -m pytest -m "not gpu and not vllm" "$@"
 main=$?
 if [ "${VERL_TLT_SKIP_VLLM:-0}" = "1" ]; then
