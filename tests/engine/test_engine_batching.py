@@ -152,14 +152,20 @@ def test_load_weights_changes_outputs_and_rejects_unknown_names(engine):
         engine.load_weights([("model.not_a_weight", torch.zeros(1))])
 
 
-def test_cpu_layouts_follow_weight_loads(tiny_qwen2):
-    # CPU forwards serve from transposed or packed weight copies; a weight sync must refresh them.
+@pytest.mark.parametrize("kernel", ["by_column", "packed"])
+def test_cpu_layouts_follow_weight_loads(tiny_qwen2, kernel):
+    # CPU forwards serve from transposed or packed weight copies; a weight sync must refresh them. The kernel is
+    # forced: a measured plan may pick the BLAS call (no copy) for these small shapes on some hosts.
+    from verl_tlt.modeling import linear_kernels
+
+    if kernel == "packed" and not linear_kernels.packed_kernel_available():
+        pytest.skip("this host's oneDNN refuses the packed linear in float32 (or VERL_TLT_NO_PACKED_KERNEL is set)")
     path = str(tiny_qwen2[0])
-    with_layouts = RolloutEngine.from_pretrained(path, cpu_layouts=True)
+    with_layouts = RolloutEngine.from_pretrained(path, cpu_layouts=True, cpu_kernels=kernel)
     without = RolloutEngine.from_pretrained(path, cpu_layouts=False)
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
     assert solo(with_layouts, PROMPTS[0], params).token_ids == solo(without, PROMPTS[0], params).token_ids
-    assert with_layouts.model.lm_head._by_column is not None  # the batch-1 decode used the copy
+    assert getattr(with_layouts.model.lm_head, f"_{kernel}") is not None  # the batch-1 decode used the copy
     generator = torch.Generator().manual_seed(0)
     update = {
         k: v + 0.05 * torch.randn(v.shape, generator=generator) for k, v in without.model.hf_weight_views().items()
