@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,8 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "verl_tlt"
 # A module may import its own unit and the units of lower layers; units of one layer do not import each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("spec", "files", "progress", "commands"),
+    # The speculation decision (gate, policies, decode counters): pure Python, below the config that feeds it.
+    ("policy",),
     ("config", "metrics"),
     ("modeling",),
     ("drafter",),
@@ -39,10 +42,17 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli", "main_ppo", "hydra_conf"),
 )
 # Units that must exist (a renamed or deleted layer must be renamed here too, not silently drop out of the check).
-REQUIRED_UNITS = ("spec", "config", "modeling", "drafter", "engine", "integrations.verl", "cli", "main_ppo")
+REQUIRED_UNITS = ("spec", "policy", "config", "modeling", "drafter", "engine", "integrations.verl", "cli", "main_ppo")
 
 FRAMEWORKS = ("verl", "ray", "vllm", "sglang")
-FRAMEWORK_FREE = ("verl_tlt.spec", "verl_tlt.config", "verl_tlt.modeling", "verl_tlt.drafter", "verl_tlt.engine")
+FRAMEWORK_FREE = (
+    "verl_tlt.spec",
+    "verl_tlt.policy",
+    "verl_tlt.config",
+    "verl_tlt.modeling",
+    "verl_tlt.drafter",
+    "verl_tlt.engine",
+)
 
 
 def unit_of(module: str) -> str | None:
@@ -177,3 +187,48 @@ def test_a_framework_import_in_a_lower_layer_would_be_found():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE_ROOT.parent)
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert any(report.values())
+
+
+# The simulator and the speculation floor run where torch is not installed (a laptop sizing a cluster, vLLM's
+# engine-core process reading the policy): every module of theirs imports with torch made unimportable.
+TORCH_FREE = ("verl_tlt.policy", "verl_tlt.sim")
+NO_TORCH_PROBE = """
+import importlib, json, pkgutil, sys
+
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "torch":
+            raise ImportError("torch is blocked by the layering test")
+        return None
+
+sys.meta_path.insert(0, NoTorch())
+failed = {}
+for package in PACKAGES:
+    root = importlib.import_module(package)
+    for info in pkgutil.walk_packages(root.__path__, package + "."):
+        try:
+            importlib.import_module(info.name)
+        except ImportError as error:
+            failed[info.name] = str(error)
+print(json.dumps(failed))
+"""
+
+
+def torch_free_failures(source_root: Path) -> dict[str, str]:
+    """Modules of TORCH_FREE that fail to import from `source_root` (the folder holding verl_tlt) without torch."""
+    code = f"PACKAGES = {TORCH_FREE!r}\n{NO_TORCH_PROBE}"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=source_root)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_the_simulator_and_the_speculation_floor_import_without_torch():
+    assert torch_free_failures(PACKAGE_ROOT.parent) == {}
+
+
+def test_a_torch_import_planted_in_the_simulator_would_be_found(tmp_path):
+    shutil.copytree(PACKAGE_ROOT, tmp_path / "verl_tlt", ignore=shutil.ignore_patterns("__pycache__"))
+    planted = tmp_path / "verl_tlt" / "sim" / "costs.py"
+    planted.write_text(planted.read_text() + "\nimport torch  # planted\n")
+    failures = torch_free_failures(tmp_path)
+    assert "verl_tlt.sim.costs" in failures and "torch is blocked" in failures["verl_tlt.sim.costs"]

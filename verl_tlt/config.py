@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
+from verl_tlt.policy.gate import DEFAULT_BUCKETS, SpeculationGate, bucket_problem, default_buckets
+
 # The override prefix every key path in an error message starts with.
 ROOT_KEY = "tlt"
 
@@ -28,10 +30,6 @@ ROOT_KEY = "tlt"
 _STRATEGY_PATTERN = re.compile(r"[1-9]\d*_[1-9]\d*_[1-9]\d*")
 # The coordinator must notice drained replicas within a rollout: polling less often than this would miss the tail.
 MAX_POLL_INTERVAL_S = 60.0
-
-
-# Batch-size buckets of the adaptive policy (see SpeculativeConfig.buckets).
-DEFAULT_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24)
 
 
 @dataclass(frozen=True)
@@ -135,12 +133,11 @@ class SpeculativeConfig:
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{path}.{key} must be in [0, 1], got {value}; e.g. {path}.{key}={example}")
         if tuple(self.buckets) == DEFAULT_BUCKETS:  # the default adapts to a lower threshold; explicit lists do not
-            object.__setattr__(self, "buckets", tuple(b for b in DEFAULT_BUCKETS if b <= self.threshold))
-        buckets = list(self.buckets)
-        if not buckets or buckets[0] != 1 or buckets != sorted(set(buckets)) or buckets[-1] > self.threshold:
+            object.__setattr__(self, "buckets", default_buckets(self.threshold))
+        if bucket_problem(self.buckets, self.threshold):
             raise ValueError(
                 f"{path}.buckets must ascend strictly from 1 and stay <= {path}.threshold={self.threshold}, "
-                f"got {buckets}; e.g. {path}.buckets=[1,2,4,8,16]"
+                f"got {list(self.buckets)}; e.g. {path}.buckets=[1,2,4,8,16]"
             )
         bad = [name for name in self.strategies if not _STRATEGY_PATTERN.fullmatch(str(name))]
         if not self.strategies or bad:
@@ -184,6 +181,11 @@ class SpeculativeConfig:
                 f"{path}.group_drafts=true needs at least one of {path}.group_strategies, got none; e.g. "
                 f"{path}.group_strategies='[\"suffix:8_1_8\"]'"
             )
+
+    @property
+    def gate(self) -> SpeculationGate:
+        """Where this block lets a rollout speculate, and its buckets (the one threshold comparison)."""
+        return SpeculationGate(self.threshold, self.buckets)
 
     @property
     def arm_strategies(self) -> tuple[str, ...]:
@@ -373,6 +375,35 @@ class TLTConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict of all fields (what the YAML ``tlt:`` block holds: lists, not tuples)."""
         return dataclasses.asdict(self, dict_factory=lambda items: {k: _listify(v) for k, v in items})
+
+
+# ---------------------------------------------------------------- the tlt block, as each process reads it
+
+# Where verl hands the tlt block to every rollout server: RolloutConfig.custom, filled by the tlt config groups.
+ROLLOUT_TLT_KEY = f"actor_rollout_ref.rollout.custom.{ROOT_KEY}"
+_VIEWS: dict[tuple[str, str], TLTConfig] = {}
+
+
+def tlt_view(block: Mapping[str, Any] | None, prefix: str = ROOT_KEY) -> TLTConfig:
+    """The validated TLTConfig of a ``tlt`` block (plain dict or OmegaConf node; None: defaults, TLT off).
+
+    Every reader in a process (trainer, runtime, rollout servers, agent loops) asks here, and each distinct block
+    is parsed once: the strict loader runs per block, not per caller.
+    """
+    plain = _to_plain(block, prefix)
+    key = (prefix, json.dumps(plain, sort_keys=True, default=str))
+    view = _VIEWS.get(key)
+    if view is None:
+        view = _VIEWS[key] = TLTConfig.from_dict(plain, prefix=prefix)
+    return view
+
+
+def rollout_tlt_view(rollout_config: Any) -> TLTConfig:
+    """The tlt block of a rollout server's config (verl's RolloutConfig or its OmegaConf node), via `tlt_view`."""
+    custom = getattr(rollout_config, "custom", None) if not hasattr(rollout_config, "get") else None
+    if custom is None and hasattr(rollout_config, "get"):
+        custom = rollout_config.get("custom")
+    return tlt_view((custom or {}).get(ROOT_KEY), prefix=ROLLOUT_TLT_KEY)
 
 
 # ---------------------------------------------------------------- names and values in messages

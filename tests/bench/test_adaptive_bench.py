@@ -12,8 +12,8 @@ from verl_tlt.bench.adaptive_bench import (
     timed_run,
     worst_above_threshold_ratio,
 )
-from verl_tlt.bench.replay import FixedBelowThreshold
 from verl_tlt.engine import RolloutEngine, SamplingParams
+from verl_tlt.policy import FixedBelowThreshold
 
 
 def test_timed_run_records_steps_per_batch_size_and_restores_the_engine(tmp_path):

@@ -8,10 +8,11 @@ import pytest
 
 from tests.engine.conftest import build_tiny_model
 from tests.engine.drafters import HFModelDrafter
-from verl_tlt.bench.replay import PLAIN, FixedBelowThreshold, StepCosts, compare, expected_seconds, replay
+from verl_tlt.bench.replay import StepCosts, compare, expected_seconds, replay
 from verl_tlt.bench.replay_bench import record_step_costs
 from verl_tlt.config import SpeculativeConfig
 from verl_tlt.engine import RolloutEngine, SamplingParams
+from verl_tlt.policy import PLAIN, FixedBelowThreshold
 
 
 def costs(**overrides) -> StepCosts:

@@ -15,9 +15,9 @@ from tests.engine.conftest import assert_same_outputs
 from tests.engine.drafters import HFModelDrafter
 from verl_tlt.config import SpeculativeConfig
 from verl_tlt.engine import RolloutEngine, SamplingParams
-from verl_tlt.engine.adaptive import AdaptivePolicy
 from verl_tlt.engine.cuda_graphs import MAX_GRAPH_BATCH, StepGraphPool, graph_batch_buckets
 from verl_tlt.engine.kv_cache import SlotKVCache
+from verl_tlt.policy.adaptive import AdaptivePolicy
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18, 19, 20], [21], [30, 31, 32]]
 

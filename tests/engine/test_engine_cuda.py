@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from tests.engine.conftest import varied_qwen2  # noqa: F401
+from verl_tlt.config import SpeculativeConfig
 from verl_tlt.drafter.model import EagleDrafterModel
 from verl_tlt.engine import RolloutEngine, SamplingParams
-from verl_tlt.engine.adaptive import AdaptivePolicy
 from verl_tlt.engine.eagle_drafter import EagleDrafter
+from verl_tlt.policy import AdaptivePolicy
 
 pytestmark = pytest.mark.gpu
 
@@ -29,7 +30,7 @@ def test_greedy_speculation_on_cuda_reproduces_plain_decoding(cuda_engine):
     plain = [o.token_ids for o in cuda_engine.generate(PROMPTS, greedy)]
     for strategy in ("4_1_4", "8_4_16"):
         assert [o.token_ids for o in cuda_engine.generate(PROMPTS, greedy, strategy=strategy)] == plain, strategy
-    cuda_engine.policy = AdaptivePolicy()
+    cuda_engine.policy = AdaptivePolicy(SpeculativeConfig())
     assert [o.token_ids for o in cuda_engine.generate(PROMPTS * 4, greedy)] == plain * 4
 
 

@@ -217,7 +217,7 @@ def test_bad_speculative_configurations_fail_with_clear_errors(varied_qwen2):
 def test_an_adaptive_policy_whose_strategies_do_not_fit_is_refused_when_attached(varied_qwen2):
     """Checked at attach time, not when a request first comes near max_model_len and the step fails."""
     from verl_tlt.config import SpeculativeConfig
-    from verl_tlt.engine.adaptive import AdaptivePolicy
+    from verl_tlt.policy.adaptive import AdaptivePolicy
 
     policy = AdaptivePolicy(SpeculativeConfig(strategies=("8_4_16", "4_1_4")))
     with pytest.raises(ValueError, match="max_draft_tokens"):

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from verl_tlt.config import SpeculativeConfig
-from verl_tlt.engine.adaptive import AdaptivePolicy
+from verl_tlt.policy.adaptive import AdaptivePolicy
 from verl_tlt.sim.acceptance import committed_tokens, expected_committed
 from verl_tlt.sim.costs import LinearCost, SpeculativeCost
 from verl_tlt.sim.rollout import simulate_rollout

@@ -31,12 +31,10 @@ from collections.abc import Callable
 
 import torch
 
-from verl_tlt.bench.replay import FixedBelowThreshold
 from verl_tlt.config import SpeculativeConfig
 from verl_tlt.engine import RolloutEngine, SamplingParams
-from verl_tlt.engine.adaptive import AdaptivePolicy
-from verl_tlt.engine.decode_stats import DecodeStats
 from verl_tlt.files import write_json
+from verl_tlt.policy import AdaptivePolicy, DecodeStats, FixedBelowThreshold, SpeculationGate
 from verl_tlt.progress import Progress
 
 PROBLEM_SEED = 31337
@@ -49,13 +47,13 @@ class _PolicyClock:
     which this shared machine's drift moves by more than the 3% in question)."""
 
     def __init__(self, policy):
-        self.policy, self.strategies, self.threshold = policy, policy.strategies, policy.threshold
+        self.policy, self.strategies, self.gate = policy, policy.strategies, policy.gate
         self.seconds_above_threshold = 0.0
 
     def _timed(self, batch_size: int, call, *args):
         start = time.perf_counter()
         result = call(*args)
-        if batch_size > self.threshold:
+        if not self.gate.speculates(batch_size):
             self.seconds_above_threshold += time.perf_counter() - start
         return result
 
@@ -67,6 +65,10 @@ class _PolicyClock:
 
     def bucket_of(self, batch_size: int):
         return self._timed(batch_size, self.policy.bucket_of, batch_size)
+
+    @property
+    def threshold(self) -> int:
+        return self.gate.threshold
 
 
 def timed_run(engine: RolloutEngine, prompts, params, policy) -> tuple[float, list, dict[int, list[float]], dict]:
@@ -150,10 +152,12 @@ def above_threshold_groups(plain_steps, adaptive_steps, threshold: int, min_step
     Groups with fewer than min_steps such steps are left out.
     """
 
+    gate = SpeculationGate(threshold)
+
     def grouped(steps):
         groups = defaultdict(list)
         for batch_size in steps:
-            if batch_size > threshold:
+            if not gate.speculates(batch_size):
                 groups[batch_size.bit_length()].append(batch_size)
         return groups
 
@@ -253,7 +257,8 @@ def run(
     best_fixed = min(config.strategies, key=lambda s: runs[s]["seconds"])
     by_round = paired_ratios(round_seconds, best_fixed, "adaptive")
     noise_by_round = paired_ratios(round_seconds, "plain", PLAIN_AGAIN)
-    above_s = sum(sum(times) for batch_size, times in adaptive_steps.items() if batch_size > config.threshold)
+    gate = SpeculationGate(config.threshold, config.buckets)
+    above_s = sum(sum(times) for batch_size, times in adaptive_steps.items() if not gate.speculates(batch_size))
     # The negative control: above the threshold a fixed strategy decodes plainly like the plain run, plus a trivial
     # policy's calls, so how far its group ratios stray from 1.0 is about what this machine's noise does to the
     # comparison.

@@ -26,11 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from verl_tlt.config import SpeculativeConfig
-from verl_tlt.engine.adaptive import FixedBelowThreshold
 from verl_tlt.files import write_json
+from verl_tlt.policy import PLAIN, AdaptivePolicy, FixedBelowThreshold
 from verl_tlt.progress import Progress
-
-PLAIN = "plain"
 
 
 def nearest_batch_size(sizes: Iterable[int], batch_size: int) -> int:
@@ -150,10 +148,9 @@ class _Plain:
 
 
 def compare(config: SpeculativeConfig, costs: StepCosts, seeds: int, progress: Progress | None = None) -> dict:
-    """Plain, each fixed strategy below the threshold, and the adaptive policy (cold and warm) on the replay:
+    """Plain, each fixed strategy at or below the threshold, and the adaptive policy (cold and warm) on the replay:
     expected seconds and the ratios `bench adaptive` reports. `progress` advances by one per replayed seed, of
     seeds x (len(config.strategies) + 3) in all."""
-    from verl_tlt.engine.adaptive import AdaptivePolicy
 
     def adaptive(seed: int) -> AdaptivePolicy:
         return AdaptivePolicy(SpeculativeConfig(**{**config.__dict__, "seed": seed}))

@@ -12,16 +12,16 @@ import statistics
 import time
 
 from verl_tlt.bench.adaptive_bench import toy_rollout
-from verl_tlt.bench.replay import PLAIN, FixedBelowThreshold, StepCosts, compare, nearest_batch_size
+from verl_tlt.bench.replay import StepCosts, compare, nearest_batch_size
 from verl_tlt.config import SpeculativeConfig
 from verl_tlt.engine import RolloutEngine
-from verl_tlt.engine.decode_stats import DecodeStats
 from verl_tlt.files import write_json
+from verl_tlt.policy import PLAIN, DecodeStats, FixedBelowThreshold
 from verl_tlt.progress import Progress
 
 
 def record_step_costs(engine: RolloutEngine, prompts, params, strategies, threshold: int, repeats: int) -> StepCosts:
-    """Decode the rollout plainly and with each fixed strategy (below the threshold), `repeats` times each, and keep
+    """Decode the rollout plainly and with each fixed strategy (at or below the threshold), `repeats` times each, and keep
     every decode step's committed tokens per row and seconds, by strategy and batch size, for `replay`.
 
     The first speculative step of a run catches the drafter up on every token it has not seen (prompts and plainly

@@ -21,8 +21,9 @@ Must run under ``if __name__ == "__main__"`` (vLLM spawns its engine core); the 
 from __future__ import annotations
 
 from verl_tlt.config import SpeculativeConfig
-from verl_tlt.engine.decode_stats import overall_acceptance
 from verl_tlt.files import write_json
+from verl_tlt.policy import SpeculationGate
+from verl_tlt.policy.decode_stats import overall_acceptance
 from verl_tlt.progress import Progress
 
 PROBLEM_SEED = 777  # different from the drafter's warm-up problems
@@ -88,7 +89,8 @@ def run(
         engine.generate(prompts[:2], 8)
         return engine
 
-    gated_sizes = [b for b in batch_sizes if b > threshold]
+    gate = SpeculationGate(threshold)
+    gated_sizes = [b for b in batch_sizes if not gate.speculates(b)]
     progress = Progress(
         "bench sd (vLLM)",
         rounds * (len(ks) * len(batch_sizes) + len(ks) * len(gated_sizes) + 1),

@@ -11,9 +11,9 @@ import torch
 
 from verl_tlt.config import SpeculativeConfig
 from verl_tlt.drafter.model import EagleDrafterModel
-from verl_tlt.engine.adaptive import AdaptivePolicy
 from verl_tlt.engine.eagle_drafter import EagleDrafter
 from verl_tlt.engine.engine import RolloutEngine
+from verl_tlt.policy.adaptive import AdaptivePolicy
 
 
 class DrafterSync:

@@ -18,11 +18,9 @@ from collections.abc import Hashable, Iterable, Sequence
 import numpy as np
 import torch
 
-from verl_tlt.engine.adaptive import AdaptivePolicy
 from verl_tlt.engine.compiled_forward import CompiledForward
 from verl_tlt.engine.cpu_kernels import setup_cpu_kernels
 from verl_tlt.engine.cuda_graphs import StepGraphPool, graph_batch_buckets
-from verl_tlt.engine.decode_stats import DecodeCosts, DecodeStats
 from verl_tlt.engine.drafter import Drafter
 from verl_tlt.engine.group_drafts import GroupDraftError, GroupDrafts
 from verl_tlt.engine.kv_cache import SlotKVCache
@@ -38,6 +36,8 @@ from verl_tlt.engine.speculative import (
 )
 from verl_tlt.modeling.model import AttentionBatch, CausalLM
 from verl_tlt.modeling.weights import load_pretrained, load_weights, read_eos_token_ids
+from verl_tlt.policy import PLAIN, DecodeStats, Policy
+from verl_tlt.policy.decode_stats import DecodeCosts
 from verl_tlt.progress import Progress
 from verl_tlt.spec.keyed_noise import gumbel_noise, request_key
 from verl_tlt.spec.logits import LogitsParams, token_log_probs
@@ -83,7 +83,7 @@ class RolloutEngine:
         logprobs_mode: str = "processed_logprobs",
         drafter: Drafter | None = None,
         max_draft_tokens: int = 64,
-        policy: AdaptivePolicy | None = None,
+        policy: Policy | None = None,
         cpu_layouts: bool | None = None,
         cpu_kernels: str = "measure",
         compile: bool = False,
@@ -175,11 +175,11 @@ class RolloutEngine:
         self.drafter, self.drafter_error = drafter, None
 
     @property
-    def policy(self) -> AdaptivePolicy | None:
+    def policy(self) -> Policy | None:
         return self._policy
 
     @policy.setter
-    def policy(self, policy: AdaptivePolicy | None) -> None:
+    def policy(self, policy: Policy | None) -> None:
         """Attach an adaptive policy; its strategies must fit this engine as an explicit strategy must."""
         if policy is not None:
             for strategy in policy.strategies.values():
@@ -425,7 +425,7 @@ class RolloutEngine:
         if asks_policy:
             self.policy.observe(strategy, batch_size, committed, seconds)
         self.stats.record(strategy, batch_size, committed, seconds, self.policy)
-        self.decode_costs.record("plain" if strategy is None else strategy.name, batch_size, committed, seconds)
+        self.decode_costs.record(PLAIN if strategy is None else strategy.name, batch_size, committed, seconds)
 
     def _decode_speculative(self, strategy: SpecStrategy) -> bool:
         """Draft a tree per running row, verify all nodes in one target forward, commit what is accepted.

@@ -19,7 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from verl_tlt.sim.rollout import PLAIN, ReplicaTimeline, simulate_replica
+from verl_tlt.policy import PLAIN
+from verl_tlt.sim.rollout import ReplicaTimeline, simulate_replica
 
 
 @dataclass(frozen=True)
@@ -93,8 +94,8 @@ class MeasuredSteps:
         self.by_group: dict[int, tuple[float, float]] = {}
         for key, arms in costs.items():
             group = int(key)  # JSON keys are strings
-            plain = arms.get("plain", [0.0, 0.0, 0.0])
-            speculative = [sum(entry[i] for arm, entry in arms.items() if arm != "plain") for i in range(3)]
+            plain = arms.get(PLAIN, [0.0, 0.0, 0.0])
+            speculative = [sum(entry[i] for arm, entry in arms.items() if arm != PLAIN) for i in range(3)]
             steps = plain[2] + speculative[2]
             if not steps:
                 continue

@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from verl_tlt.policy import PLAIN
 from verl_tlt.sim.acceptance import alpha_for_length
 from verl_tlt.sim.calibration import RecordedRollout, mean_batch, replay
-from verl_tlt.sim.rollout import PLAIN
 from verl_tlt.spec.strategy import SpecStrategy
 
 

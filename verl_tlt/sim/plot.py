@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from verl_tlt.policy import PLAIN
 from verl_tlt.sim.rl_step import RunResult
-from verl_tlt.sim.rollout import PLAIN, PREFILL
+from verl_tlt.sim.rollout import PREFILL
 
 COLORS = {
     PREFILL: "tab:purple",

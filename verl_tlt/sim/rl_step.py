@@ -10,7 +10,7 @@ lengths at the same step (speculative decoding is lossless: the responses do not
 The runs (`scenario.RUNS`):
 - baseline: plain decoding.
 - tlt: the project's `AdaptivePolicy` deciding every step of every replica, the drafter trained on harvested GPUs.
-- fixed: one strategy below the threshold, no bandit. sd_always: one strategy at every batch size (no switch).
+- fixed: one strategy at or below the threshold, no bandit. sd_always: one strategy at every batch size (no switch).
 - frozen: `tlt` with a drafter that never trains (its quality drifts with the policy).
 - no_spot: `tlt` whose drafter trains after the rollout instead, on all GPUs, for `drafter.recover_gpu_s` GPU-seconds.
 - group_drafts (projection): `tlt` plus the group strategies as arms (suffix drafts from sibling answers).
@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from verl_tlt.config import SpeculativeConfig
-from verl_tlt.engine.adaptive import AdaptivePolicy, FixedBelowThreshold
-from verl_tlt.sim.rollout import PLAIN, PREFILL, PolicySteps, ReplicaTimeline, simulate_replica
+from verl_tlt.policy import PLAIN, AdaptivePolicy, FixedBelowThreshold, SpeculationGate
+from verl_tlt.sim.rollout import PREFILL, PolicySteps, ReplicaTimeline, simulate_replica
 from verl_tlt.sim.roofline import ACCELERATORS, MODELS
 from verl_tlt.sim.scenario import Scenario
 
@@ -140,7 +140,7 @@ def _step_result(scenario, run, timelines, tokens, contexts, quality) -> StepRes
     decode_s = sum(s.seconds * s.count for s in decode)
     speculative = [s for s in decode if s.arm != PLAIN]
     rows = sum(s.batch * s.count for s in speculative)
-    threshold = scenario.tlt.threshold
+    gate = SpeculationGate(scenario.tlt.threshold)
     return StepResult(
         rollout_s=rollout_s,
         train_s=training_seconds(scenario, tokens, contexts),
@@ -152,7 +152,7 @@ def _step_result(scenario, run, timelines, tokens, contexts, quality) -> StepRes
         trained_gpu_s=(scenario.drafter.recover_gpu_s if run == "no_spot" else idle_gpu_s) if online else 0.0,
         rollout_gpu_s=rollout_s * scenario.cluster.gpus,
         quality=quality,
-        tail_s=sum(s.seconds * s.count for s in slowest.steps if s.arm != PREFILL and s.batch <= threshold),
+        tail_s=sum(s.seconds * s.count for s in slowest.steps if s.arm != PREFILL and gate.speculates(s.batch)),
         speculative_share=sum(s.seconds * s.count for s in speculative) / decode_s if decode_s else 0.0,
         acceptance=sum(s.committed for s in speculative) / rows if rows else 1.0,
     )

@@ -16,7 +16,7 @@ are taken at once, priced at the middle KV size (exact for a cost linear in the 
 hundreds of requests then costs milliseconds, not seconds.
 
 The policy is any object with `select(batch_size) -> SpecStrategy | None` and `observe(strategy, batch_size,
-committed_tokens, seconds)`, such as `verl_tlt.engine.adaptive.AdaptivePolicy`, one per replica.
+committed_tokens, seconds)`, such as `verl_tlt.policy.adaptive.AdaptivePolicy`, one per replica.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from verl_tlt.policy import PLAIN
 from verl_tlt.sim.acceptance import Acceptance, as_acceptance
 from verl_tlt.sim.costs import SpeculativeCost
 
-PLAIN = "plain"
 PREFILL = "prefill"
 
 
@@ -114,11 +114,11 @@ class PolicySteps:
         self.cost, self.policy, self.rng = cost, policy, rng
         self.acceptance = as_acceptance(acceptance)
         self._strategy = None
-        # Plain above the policy's threshold is the projects' policies' contract (AdaptivePolicy, FixedBelowThreshold).
-        self._plain_above = math.inf if policy is None else getattr(policy, "threshold", None)
+        # Plain where the policy's gate does not speculate is the policy protocol's contract (`verl_tlt.policy`).
+        self._gate = getattr(policy, "gate", None)
 
     def steady(self, batch: int) -> bool:
-        return self.policy is None or (self._plain_above is not None and batch > self._plain_above)
+        return self.policy is None or (self._gate is not None and not self._gate.speculates(batch))
 
     def step(self, batch: int, kv_tokens: int = 0) -> tuple[float, float | list[float], str]:
         strategy = self._strategy = self.policy.select(batch) if self.policy is not None else None

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from verl_tlt.engine.decode_stats import strategy_acceptance
 from verl_tlt.integrations.vllm.spec_stats import SpecStepCounter
 from verl_tlt.metrics.rollout_trace import acceptance_length
+from verl_tlt.policy import SpeculationGate
+from verl_tlt.policy.decode_stats import strategy_acceptance
 
 
 def test_steps_with_drafts_are_speculative_and_labelled_by_the_rows_they_verified():
-    counter = SpecStepCounter(threshold=4, buckets=(1, 2, 4))
+    counter = SpecStepCounter(SpeculationGate(threshold=4, buckets=(1, 2, 4)))
     counter.record_step(num_running=8, generated_tokens=8)  # above the threshold: plain
     counter.record_step(
         num_running=3,
@@ -42,7 +43,7 @@ def test_steps_with_drafts_are_speculative_and_labelled_by_the_rows_they_verifie
 
 
 def test_rollout_totals_give_the_acceptance_length_and_reset():
-    counter = SpecStepCounter(threshold=4, buckets=(1,))
+    counter = SpecStepCounter(SpeculationGate(threshold=4, buckets=(1,)))
     counter.record_step(num_running=2, generated_tokens=9, num_drafts=2, num_draft_tokens=8, num_accepted=7)
     totals = counter.take_totals()
     assert totals == {"num_verify_steps": 2, "num_draft_tokens": 8, "num_accepted_tokens": 7, "num_output_tokens": 9}

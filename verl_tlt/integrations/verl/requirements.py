@@ -17,7 +17,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from verl_tlt.config import ROOT_KEY, TLTConfig
+from verl_tlt.config import ROOT_KEY, TLTConfig, tlt_view
 from verl_tlt.integrations.verl.mode_selection import TLT_TRAINER_MODE, VERL_SYNC_MODE
 from verl_tlt.integrations.verl.request_seeds import SLOT_AGENT_LOOP
 
@@ -32,7 +32,7 @@ class TLTNotAvailableError(RuntimeError):
 
 def tlt_config_of(config: Mapping[str, Any]) -> TLTConfig:
     """The composed verl config's ``tlt`` block, validated (absent: all defaults, TLT off)."""
-    return TLTConfig.from_dict(config.get(ROOT_KEY), prefix=ROOT_KEY)
+    return tlt_view(config.get(ROOT_KEY))
 
 
 def check_requirements(config: Mapping[str, Any]) -> TLTConfig:

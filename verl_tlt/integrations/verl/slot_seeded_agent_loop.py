@@ -23,7 +23,7 @@ from verl_tlt.integrations.verl.request_seeds import (
     slot_name,
     slot_seed,
 )
-from verl_tlt.integrations.verl.requirements import TORCH_ROLLOUT_NAME
+from verl_tlt.integrations.verl.requirements import TORCH_ROLLOUT_NAME, tlt_config_of
 
 
 class _SeededRequests:
@@ -68,11 +68,10 @@ class SlotSeededSingleTurnAgentLoop(SingleTurnAgentLoop):
 
 def _group_drafts_on(config: Any) -> bool:
     """Whether the run drafts from GRPO groups (tlt.enabled and tlt.speculative.group_drafts, torch rollout)."""
-    tlt = config.get("tlt") if hasattr(config, "get") else None
-    if not tlt or not tlt.get("enabled"):
+    if not hasattr(config, "get"):
         return False
-    speculative = tlt.get("speculative") or {}
-    return bool(speculative.get("group_drafts")) and config.actor_rollout_ref.rollout.name == TORCH_ROLLOUT_NAME
+    tlt = tlt_config_of(config)
+    return tlt.enabled and tlt.speculative.group_drafts and config.actor_rollout_ref.rollout.name == TORCH_ROLLOUT_NAME
 
 
 def _plain(value: Any) -> Any:

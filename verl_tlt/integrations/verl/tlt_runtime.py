@@ -29,7 +29,6 @@ from verl_tlt.config import TLTConfig
 from verl_tlt.drafter.capture_record import RecordedStep, save_step
 from verl_tlt.drafter.spot_schedule import SpotSchedule
 from verl_tlt.drafter.worker import FAULT_ENV, DrafterWorker
-from verl_tlt.engine.decode_stats import source_metrics, strategy_acceptance
 from verl_tlt.files import write_json
 from verl_tlt.integrations.verl.checkpoint_paths import checkpoint_root, resumed_folder, step_folder
 from verl_tlt.integrations.verl.coordinator import SpotCoordinator
@@ -38,6 +37,7 @@ from verl_tlt.integrations.verl.request_seeds import rollout_seed
 from verl_tlt.integrations.verl.torch_rollout_config import torch_rollout_config
 from verl_tlt.metrics.long_tail import long_tail_metrics
 from verl_tlt.metrics.rollout_trace import rollout_summary
+from verl_tlt.policy.decode_stats import source_metrics, strategy_acceptance
 
 logger = logging.getLogger(__name__)
 # Like verl's own modules: INFO unless VERL_LOGGING_LEVEL says otherwise, so TLT's progress shows in the run log.

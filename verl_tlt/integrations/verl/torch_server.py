@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from verl_tlt.config import rollout_tlt_view
 from verl_tlt.engine import CompletionOutput, RolloutEngine, SamplingParams
 from verl_tlt.integrations.verl.request_seeds import GROUP_KWARG, rollout_seed
 from verl_tlt.integrations.verl.torch_rollout_config import torch_rollout_config
@@ -227,7 +228,7 @@ class TorchRolloutServer:
 
     def sd_stats(self, reset: bool = True) -> dict[str, Any]:
         """The engine's plain/SD step counters since the last call (reset=True) or since start."""
-        from verl_tlt.engine.decode_stats import DecodeStats
+        from verl_tlt.policy.decode_stats import DecodeStats
 
         with self._engine_lock:
             stats = self.engine.stats.as_dict()
@@ -239,24 +240,16 @@ class TorchRolloutServer:
     def _group_drafts(self):
         """GroupDrafts for the engine when TLT is on with tlt.speculative.group_drafts (indexing starts at admission,
         so it exists from the first request on), else None."""
-        from verl_tlt.config import TLTConfig
         from verl_tlt.engine.group_drafts import GroupDrafts
 
-        custom = self.config.get("custom") or {}
-        if not custom.get("tlt"):
-            return None
-        config = TLTConfig.from_dict(custom.get("tlt"), prefix="actor_rollout_ref.rollout.custom.tlt")
+        config = rollout_tlt_view(self.config)
         speculative = config.speculative
         if not (config.enabled and speculative.group_drafts):
             return None
-
         return GroupDrafts(speculative.suffix_min_match, speculative.suffix_history_tokens)
 
     def _speculative_config(self):
-        from verl_tlt.config import TLTConfig
-
-        custom = self.config.get("custom") or {}
-        return TLTConfig.from_dict(custom.get("tlt"), prefix="actor_rollout_ref.rollout.custom.tlt").speculative
+        return rollout_tlt_view(self.config).speculative
 
     async def wait_for_drain(self, poll_s: float = 0.01) -> float | None:
         """Return when this replica has served requests in the current rollout and has none left in flight: the

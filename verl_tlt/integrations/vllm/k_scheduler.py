@@ -6,7 +6,7 @@ as ``scheduler_cls``; it builds on vLLM's own ``Scheduler`` or ``AsyncScheduler`
 replaces that lookup with one that:
 
 - counts decode requests only (requests that have produced a token), so a burst of arriving prompts does not switch
-  speculation off, and asks the policy for that batch size: plain at or above ``tlt.speculative.threshold``, below
+  speculation off, and asks the policy for that batch size: plain above ``tlt.speculative.threshold``, at or below
   it the chain the bandit of the batch-size bucket picks, with the policy's hysteresis (``min_dwell_steps``) so a
   batch hovering at the threshold does not thrash;
 - feeds the policy what each step committed (tokens sampled) per second of engine step, attributed to the K whose
@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from verl_tlt.config import SpeculativeConfig
-from verl_tlt.engine.adaptive import AdaptivePolicy
+from verl_tlt.policy.adaptive import AdaptivePolicy
 from verl_tlt.spec.strategy import SpecStrategy
 
 logger = logging.getLogger(__name__)

@@ -53,7 +53,7 @@ class LocalVllmEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.speculative = speculative or SpeculativeConfig()
-        self.counter = SpecStepCounter(self.speculative.threshold, self.speculative.buckets)
+        self.counter = SpecStepCounter(self.speculative.gate)
         kwargs: dict[str, Any] = {}
         if drafter_dir is not None:
             kwargs = speculative_engine_args(self.speculative, drafter_dir, max_num_seqs, adaptive=adaptive)

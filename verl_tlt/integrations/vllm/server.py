@@ -31,7 +31,7 @@ import torch
 from verl.workers.rollout.vllm_rollout import vllm_async_server
 from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer
 
-from verl_tlt.config import TLTConfig
+from verl_tlt.config import rollout_tlt_view
 from verl_tlt.integrations.vllm.compat import check_vllm_supports_tlt
 from verl_tlt.integrations.vllm.drafter_files import drafter_root
 from verl_tlt.integrations.vllm.engine_setup import TLT_WORKER_EXTENSION, cpu_engine_env, speculative_engine_args
@@ -41,16 +41,14 @@ from verl_tlt.metrics.rollout_trace import RolloutTrace
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
 
-TLT_KEY = "actor_rollout_ref.rollout.custom.tlt"
 INITIAL_VERSION = -1  # the drafter the engine started with (tlt.drafter.init), before any push
 
 
 class TLTvLLMHttpServer(vLLMHttpServer):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        custom = self.config.custom or {}
-        self.tlt = TLTConfig.from_dict(custom.get("tlt"), prefix=TLT_KEY)
-        self.counter = SpecStepCounter(self.tlt.speculative.threshold, self.tlt.speculative.buckets)
+        self.tlt = rollout_tlt_view(self.config)
+        self.counter = SpecStepCounter(self.tlt.speculative.gate)
         self.trace = RolloutTrace(self.replica_rank)
         self.last_rollout: dict[str, Any] | None = None
         self._in_flight = 0

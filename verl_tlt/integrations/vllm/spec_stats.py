@@ -22,28 +22,17 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from verl_tlt.engine.decode_stats import DecodeStats
 from verl_tlt.metrics.rollout_trace import SD_COUNTERS
+from verl_tlt.policy import DecodeStats, SpeculationGate
 from verl_tlt.spec.strategy import SpecStrategy
-
-
-class _Buckets:
-    """The adaptive policy's batch-size buckets (``bucket_of``), for labelling steps like the torch engine does."""
-
-    def __init__(self, threshold: int, buckets: Sequence[int]):
-        self.threshold, self.buckets = threshold, tuple(buckets)
-
-    def bucket_of(self, batch_size: int) -> int | None:
-        if batch_size > self.threshold or batch_size < 1:
-            return None
-        return max(lower for lower in self.buckets if lower <= batch_size)
 
 
 class SpecStepCounter:
     """Thread-safe: vLLM's output handler records, the server's RPCs read and reset."""
 
-    def __init__(self, threshold: int, buckets: Sequence[int]):
-        self._buckets = _Buckets(threshold, buckets)
+    def __init__(self, gate: SpeculationGate):
+        """gate: the policy's (``tlt.speculative``), whose buckets label the steps as the torch engine's do."""
+        self._gate = gate
         self._lock = threading.Lock()
         self.stats = DecodeStats()
         self.totals = dict.fromkeys(SD_COUNTERS, 0)
@@ -64,7 +53,7 @@ class SpecStepCounter:
             if num_drafts > 0:
                 k = round(num_draft_tokens / num_drafts)
                 strategy = SpecStrategy(depth=max(k, 1))
-                self.stats.record(strategy, num_drafts, num_accepted + num_drafts, 0.0, self._buckets)
+                self.stats.record(strategy, num_drafts, num_accepted + num_drafts, 0.0, self._gate)
                 self.totals["num_verify_steps"] += num_drafts
                 self.totals["num_draft_tokens"] += num_draft_tokens
                 self.totals["num_accepted_tokens"] += num_accepted
@@ -74,7 +63,7 @@ class SpecStepCounter:
                     self.accepted_per_position[position] += int(count)
                 self.max_sd_rows = max(self.max_sd_rows, num_drafts)
             elif generated_tokens > 0:
-                self.stats.record(None, max(num_running, 1), generated_tokens, 0.0, self._buckets)
+                self.stats.record(None, max(num_running, 1), generated_tokens, 0.0, self._gate)
 
     def take_stats(self, reset: bool = True) -> dict[str, Any]:
         """The torch server's ``sd_stats`` dict (``DecodeStats.as_dict()`` plus ``drafter_error``)."""

@@ -1,10 +1,10 @@
 """The ``speculative_config`` TLT gives vLLM, built from ``tlt.speculative`` (pure: no vLLM import).
 
-vLLM drafts chains only, so each strategy contributes its depth K. Below ``tlt.speculative.threshold`` running
-requests the engine speculates; at or above it, K=0 (vLLM's dynamic SD schedule,
+vLLM drafts chains only, so each strategy contributes its depth K. While at most ``tlt.speculative.threshold``
+requests run the engine speculates; above it, K=0 (vLLM's dynamic SD schedule,
 ``num_speculative_tokens_per_batch_size``, whose K=0 still runs the drafter's first pass, so its KV stays in sync
-and switching SD back on needs no re-prefill). The static schedule uses the deepest chain everywhere below the
-threshold; the adaptive K policy (``k_policy``) refines K per batch-size bucket when vLLM allows it.
+and switching SD back on needs no re-prefill). The static schedule uses the deepest chain wherever the gate
+speculates; the adaptive K policy (``k_policy``) refines K per batch-size bucket when vLLM allows it.
 """
 
 from __future__ import annotations
@@ -39,14 +39,12 @@ def chain_depths(speculative: SpeculativeConfig) -> tuple[int, ...]:
 
 
 def static_schedule(speculative: SpeculativeConfig, max_num_seqs: int, k: int) -> list[list[int]]:
-    """vLLM's per-batch-size K schedule: K below the threshold, 0 (plain decoding) at or above it.
-
-    TLT's threshold means "speculate while at most `threshold` requests run"; vLLM's ranges are inclusive.
-    """
-    threshold = speculative.threshold
-    if max_num_seqs <= threshold:
-        return [[1, max_num_seqs, k]]
-    return [[1, threshold, k], [threshold + 1, max_num_seqs, 0]]
+    """vLLM's per-batch-size K schedule (inclusive ranges of running requests): K where the gate speculates (at
+    most `threshold` requests), 0 (plain decoding) above."""
+    return [
+        [first, last, k if speculates else 0]
+        for first, last, speculates in speculative.gate.speculative_ranges(max_num_seqs)
+    ]
 
 
 def build_speculative_config(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+from verl_tlt.policy.gate import PLAIN
 from verl_tlt.spec.strategy import SpecStrategy
 
 
@@ -28,7 +29,8 @@ class DecodeStats:
     drafted_by_source: Counter = field(default_factory=Counter)
     accepted_by_source: Counter = field(default_factory=Counter)
 
-    def record(self, strategy: SpecStrategy | None, batch_size: int, tokens: int, seconds: float, policy=None) -> None:
+    def record(self, strategy: SpecStrategy | None, batch_size: int, tokens: int, seconds: float, gate=None) -> None:
+        """gate: what labels the step's bucket (a policy or a `SpeculationGate`; None: one label, 'all')."""
         if strategy is None:
             self.steps_plain += 1
             self.tokens_plain += tokens
@@ -39,9 +41,9 @@ class DecodeStats:
             self.seconds_sd += seconds
             self.sd_rows_by_strategy[strategy.name] += batch_size
             self.sd_tokens_by_strategy[strategy.name] += tokens
-        bucket = policy.bucket_of(batch_size) if policy is not None else None
-        label = f"bs>={bucket}" if bucket is not None else ("above_threshold" if policy is not None else "all")
-        self.strategy_histogram[label]["plain" if strategy is None else strategy.name] += 1
+        bucket = gate.bucket_of(batch_size) if gate is not None else None
+        label = f"bs>={bucket}" if bucket is not None else ("above_threshold" if gate is not None else "all")
+        self.strategy_histogram[label][PLAIN if strategy is None else strategy.name] += 1
 
     def record_sources(self, drafted: dict[str, int], accepted: dict[str, int]) -> None:
         """One speculative step's draft tokens verified and accepted per source (speculative.draft_sources)."""
@@ -172,7 +174,7 @@ def ms_per_token_by_batch(records: list[dict]) -> dict[str, dict[str, float]]:
     for costs in records:
         for group, arms in costs.items():
             for arm, (tokens, seconds, _steps) in arms.items():
-                kind = "plain" if arm == "plain" else "sd"
+                kind = PLAIN if arm == PLAIN else "sd"
                 entry = totals.setdefault(int(group), {}).setdefault(kind, [0, 0.0])
                 entry[0] += tokens
                 entry[1] += seconds

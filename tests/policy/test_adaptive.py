@@ -7,7 +7,7 @@ import random
 import pytest
 
 from verl_tlt.config import SpeculativeConfig
-from verl_tlt.engine.adaptive import MAX_STALE_DOUBLINGS, PLAIN, STALE_FACTOR, AdaptivePolicy
+from verl_tlt.policy.adaptive import MAX_STALE_DOUBLINGS, PLAIN, STALE_FACTOR, AdaptivePolicy
 
 STRATEGIES = ("8_4_16", "6_4_8", "4_1_4")
 # Synthetic environment: per-request tokens/s of each arm in each bucket (the best arm differs per bucket). Plain
@@ -251,26 +251,6 @@ def test_the_default_buckets_follow_a_lower_threshold_but_explicit_ones_do_not()
 def test_strategy_strings_that_parse_but_cannot_exist_fail_when_the_policy_is_built():
     with pytest.raises(ValueError, match="tree_tokens"):
         AdaptivePolicy(config(strategies=("2_2_7",)))  # a depth-2, top-2 tree has only 6 nodes
-
-
-def test_engine_with_policy_speculates_only_in_the_tail_and_stays_exact(varied_qwen2):
-    from tests.engine.drafters import HFModelDrafter
-    from verl_tlt.engine import RolloutEngine, SamplingParams
-
-    path, hf_model = varied_qwen2
-    prompts = [[5 + i, 6 + i, 7 + i] for i in range(12)]
-    lengths = [4, 4, 4, 4, 4, 4, 4, 4, 30, 30, 40, 40]  # a long tail: 8 short requests, 4 long ones
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
-    plain = RolloutEngine.from_pretrained(str(path), max_num_seqs=16).generate(prompts, params)
-    policy = AdaptivePolicy(config(threshold=4, buckets=(1, 2, 4), plain_arm_min_batch=4, min_dwell_steps=1))
-    engine = RolloutEngine.from_pretrained(str(path), max_num_seqs=16, drafter=HFModelDrafter(hf_model), policy=policy)
-    outputs = engine.generate(prompts, params)
-    assert [o.token_ids for o in outputs] == [o.token_ids for o in plain]
-    stats = engine.stats.as_dict()
-    assert stats["steps_sd"] > 0 and stats["steps_plain"] > 0
-    assert set(stats["strategy_histogram"]["above_threshold"]) == {"plain"}  # 12 running > threshold 4
-    assert 0 < stats["sd_token_share"] < 1
-    assert sum(arm["plays"] for arm in policy.state()["buckets"][4].values()) > 0
 
 
 def test_first_plays_skip_arms_the_ranked_buckets_find_clearly_behind_until_they_are_stale():

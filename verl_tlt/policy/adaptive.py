@@ -46,10 +46,11 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
-from verl_tlt.config import SpeculativeConfig
+from verl_tlt.policy.gate import PLAIN, SpeculationGate
+from verl_tlt.policy.protocol import PolicySettings
 from verl_tlt.spec.strategy import SpecStrategy
 
-PLAIN = "plain"
+__all__ = ["PLAIN", "AdaptivePolicy"]  # PLAIN re-exported: the arm name callers compare choices with
 # Share of an arm's window (its slowest steps per row) left out of its rate.
 TRIM_SHARE = 0.1
 # Epsilon explores the arms whose rate is at least (1 - CONTENDER_MARGIN) x the best of their mode; an arm further
@@ -111,22 +112,24 @@ class _Arm:
 
 
 class AdaptivePolicy:
-    def __init__(self, config: SpeculativeConfig | None = None):
-        """config: the `tlt.speculative` block itself (one dataclass, one set of defaults, checked when built)."""
-        self.config = config or SpeculativeConfig()
-        self.strategies = {name: SpecStrategy.parse(name) for name in self.config.arm_strategies}
-        self.arms: dict[int, dict[str, _Arm]] = {}
-        for lower in self.config.buckets:
-            names = list(self.config.arm_strategies)
-            if lower >= self.config.plain_arm_min_batch:
-                names.append(PLAIN)
-            self.arms[lower] = {name: _Arm(deque(maxlen=self.config.window)) for name in names}
+    def __init__(self, config: PolicySettings):
+        """config: the `tlt.speculative` block itself (`config.SpeculativeConfig`: one dataclass, one set of
+        defaults, checked when built)."""
+        self.config = config
+        self.gate = SpeculationGate(config.threshold, tuple(config.buckets))
+        self.strategies = {name: SpecStrategy.parse(name) for name in config.arm_strategies}
+        self.arms: dict[int, dict[str, _Arm]] = {
+            lower: {
+                name: _Arm(deque(maxlen=config.window))
+                for name in self.gate.arm_names(lower, config.arm_strategies, config.plain_arm_min_batch)
+            }
+            for lower in self.gate.buckets
+        }
         self.bucket_plays = dict.fromkeys(self.arms, 0)  # rewarded steps per bucket
         self.last_refresh = dict.fromkeys(self.arms, 0)  # bucket_plays when a stale arm was last sampled afresh
         self._last_batch_size = 0
         self._batch_grew = False  # the batch of the current step is larger than the previous step's (admissions)
         self.rng = random.Random(self.config.seed)
-        self.threshold = self.config.threshold  # the engine reads strategies and threshold (as of any policy)
         self.mode = PLAIN  # PLAIN or "sd": what the last step did
         self.steps_in_mode = 0
         self.num_mode_switches = 0
@@ -137,11 +140,13 @@ class AdaptivePolicy:
 
     # ----- decisions -----------------------------------------------------------------------------------------
 
+    @property
+    def threshold(self) -> int:
+        return self.gate.threshold
+
     def bucket_of(self, batch_size: int) -> int | None:
         """Lower bound of the bucket for batch_size, or None above the threshold."""
-        if batch_size > self.config.threshold or batch_size < 1:
-            return None
-        return max(lower for lower in self.config.buckets if lower <= batch_size)
+        return self.gate.bucket_of(batch_size)
 
     def select(self, batch_size: int) -> SpecStrategy | None:
         """The strategy for the next decode step of `batch_size` requests (None = plain decoding)."""
@@ -169,7 +174,7 @@ class AdaptivePolicy:
         # step right after admissions (the drafter reads the new prompts).
         catch_up = strategy is not None and ((self.mode == "sd" and self.steps_in_mode == 1) or self._batch_grew)
         bucket = self.bucket_of(batch_size)
-        if bucket is None or seconds <= 0 or batch_size < 1 or catch_up:
+        if bucket is None or seconds <= 0 or catch_up:
             return
         name = PLAIN if strategy is None else strategy.name
         arm = self.arms[bucket].get(name)
@@ -296,20 +301,3 @@ class AdaptivePolicy:
             return
         self.mode, self.steps_in_mode = mode, 1
         self.num_mode_switches += 1
-
-
-class FixedBelowThreshold:
-    """A policy stand-in: one strategy at or below the threshold, plain above (nothing to learn)."""
-
-    def __init__(self, strategy: str, threshold: int):
-        self.strategy, self.threshold = SpecStrategy.parse(strategy), threshold
-        self.strategies = {self.strategy.name: self.strategy}  # what the engine checks a policy's strategies by
-
-    def select(self, batch_size: int) -> SpecStrategy | None:
-        return self.strategy if batch_size <= self.threshold else None
-
-    def observe(self, *args) -> None:
-        pass
-
-    def bucket_of(self, batch_size: int) -> int | None:
-        return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from verl_tlt.engine.decode_stats import (
+from verl_tlt.policy.decode_stats import (
     DecodeCosts,
     DecodeStats,
     batch_group,
@@ -28,25 +28,6 @@ def test_acceptance_per_strategy_is_tokens_committed_per_verified_row():
     other.record(chain4, batch_size=1, tokens=5, seconds=0.1)
     merged = strategy_acceptance([stats.as_dict(), other.as_dict(), {"steps_plain": 1}])
     assert merged == {"4_1_4": pytest.approx(16 / 4), "2_1_2": 2.0}
-
-
-def test_engine_counts_every_speculative_token_under_its_strategy(varied_qwen2):
-    from tests.engine.drafters import HFModelDrafter
-    from verl_tlt.engine import RolloutEngine, SamplingParams
-
-    path, hf_model = varied_qwen2
-    engine = RolloutEngine.from_pretrained(str(path), max_num_seqs=4, drafter=HFModelDrafter(hf_model))
-    params = SamplingParams(temperature=0, max_tokens=21, ignore_eos=True)
-    engine.generate([[5, 6, 7], [8, 9]], params, strategy="4_1_4")
-    stats = engine.stats.as_dict()
-    assert stats["sd_tokens_by_strategy"] == {"4_1_4": stats["tokens_sd"]}
-    # A perfect drafter: every verified row commits 5 tokens, except where max_tokens cuts the last draft (20 = 4 x 5).
-    assert engine.stats.acceptance_by_strategy()["4_1_4"] == pytest.approx(5.0)
-    # The same steps by batch-size group: a batch of 2 until the shorter request finishes (all 21 tokens at batch 2).
-    costs = engine.decode_costs.take()
-    assert set(costs) == {"2"} and set(costs["2"]) == {"4_1_4"}
-    tokens, seconds, steps = costs["2"]["4_1_4"]
-    assert tokens == stats["tokens_sd"] and steps == stats["steps_sd"] and seconds > 0
 
 
 def test_batch_groups_are_powers_of_two():
