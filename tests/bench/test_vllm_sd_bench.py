@@ -4,8 +4,11 @@ and reports every ratio it promises. The numbers themselves are measured by the 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -41,7 +44,7 @@ def test_the_vllm_sd_bench_reports_every_ratio_with_greedy_identity(tmp_path):
         "--json",
         str(out),
     ]
-    subprocess.run(command, check=True, timeout=540)
+    run_with_traceback_on_timeout(command, tmp_path / "bench.log", timeout_s=540)
     result = json.loads(out.read_text())
     assert result["backend"] == "vllm" and result["ks"] == [2, 4]
     assert [(r["k"], r["batch_size"]) for r in result["rows"]] == [(2, 1), (2, 4), (4, 1), (4, 4)]
@@ -55,3 +58,23 @@ def test_the_vllm_sd_bench_reports_every_ratio_with_greedy_identity(tmp_path):
     assert result["best_k_at_smallest_batch"] in (2, 4) and result["smallest_batch"] == 1
     assert set(result["long_tail"]) == {"K=2", "K=4", "adaptive", "plain"}
     assert result["long_tail_best_fixed"] in ("K=2", "K=4") and result["adaptive_vs_best_fixed"] > 0
+
+
+def run_with_traceback_on_timeout(command: list[str], log_path, timeout_s: float) -> None:
+    """Run `command` in its own process group; on failure or timeout, fail with its log's tail, and on timeout
+    first have Python dump every thread's stack there (faulthandler), so a hung engine shows where it hung."""
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            returncode = process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGABRT)  # faulthandler writes the stacks, then the process dies
+            time.sleep(3)
+            os.killpg(process.pid, signal.SIGKILL)  # and vLLM's engine processes with it
+            process.wait()
+            returncode = None
+    lines = [line for line in log_path.read_text().splitlines() if " INFO " not in line]
+    if returncode != 0:
+        what = f"timed out after {timeout_s:.0f} s" if returncode is None else f"exited with {returncode}"
+        pytest.fail(f"{' '.join(command[2:6])} {what}; the last of its log:\n" + "\n".join(lines[-120:]))

@@ -21,8 +21,8 @@ from verl_tlt.progress import Progress
 
 
 def record_step_costs(engine: RolloutEngine, prompts, params, strategies, threshold: int, repeats: int) -> StepCosts:
-    """Decode the rollout plainly and with each fixed strategy (at or below the threshold), `repeats` times each, and keep
-    every decode step's committed tokens per row and seconds, by strategy and batch size, for `replay`.
+    """Decode the rollout plainly and with each fixed strategy (at or below the threshold), `repeats` times each, and
+    keep every decode step's committed tokens per row and seconds, by strategy and batch size, for `replay`.
 
     The first speculative step of a run catches the drafter up on every token it has not seen (prompts and plainly
     decoded tokens); it is kept out of the step costs, and its excess over the strategy's median step at that batch

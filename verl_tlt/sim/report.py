@@ -101,8 +101,8 @@ def paper_lines(cells: list[CellResult], projection: dict[str, dict[str, float]]
             + "".join(f"{e2e.get(name, float('nan')):>{width}.2f}" for name, width in _ABLATION_WIDTHS)
         )
     lines.append(
-        "ablations (e2e over the baseline): fixed = one strategy at or below the threshold, no bandit; sd_always = that "
-        "strategy at every batch; frozen = no drafter training; no_spot = drafter trained after the rollout"
+        "ablations (e2e over the baseline): fixed = one strategy at or below the threshold, no bandit; sd_always = "
+        "that strategy at every batch; frozen = no drafter training; no_spot = drafter trained after the rollout"
     )
     if projection:
         lines.append("projection, Qwen2.5-7B on 8 nodes (not measured by the paper; assumptions in the labels):")

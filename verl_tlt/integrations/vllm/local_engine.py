@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,10 @@ from typing import Any
 from verl_tlt.config import SpeculativeConfig
 from verl_tlt.integrations.vllm.engine_setup import TLT_WORKER_EXTENSION, cpu_engine_env, speculative_engine_args
 from verl_tlt.integrations.vllm.spec_stats import SpecStepCounter, stat_logger_factory
+
+# A generate call that finishes nothing for this long is treated as a hung engine (the toy's calls take seconds).
+GENERATE_TIMEOUT_ENV = "VERL_TLT_VLLM_GENERATE_TIMEOUT_S"
+GENERATE_TIMEOUT_S = float(os.environ.get(GENERATE_TIMEOUT_ENV, "300"))
 
 
 @dataclass
@@ -48,6 +53,7 @@ class LocalVllmEngine:
         """drafter_dir None: plain decoding. schedule / num_speculative_tokens override what `speculative` gives
         (a fixed K for benchmarks: schedule [[1, max_num_seqs, K]]). adaptive: TLT's per-step K policy
         (``k_scheduler``) instead of the static schedule."""
+        self.model = model
         cpu_engine_env()
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -87,8 +93,19 @@ class LocalVllmEngine:
         seed: int | None = None,
         logprobs: bool = False,
     ) -> Generation:
-        """All prompts submitted at once (one batch that drains: a rollout's shape); token ids per prompt."""
-        return self._loop.run_until_complete(self._generate(prompts, max_tokens, temperature, seed, logprobs))
+        """All prompts submitted at once (one batch that drains: a rollout's shape); token ids per prompt.
+
+        Bounded by ``GENERATE_TIMEOUT_S``: an engine core that died or stalls raises here, naming the call, instead
+        of leaving the caller waiting forever."""
+        call = self._generate(prompts, max_tokens, temperature, seed, logprobs)
+        try:
+            return self._loop.run_until_complete(asyncio.wait_for(call, GENERATE_TIMEOUT_S))
+        except TimeoutError as error:
+            raise TimeoutError(
+                f"vLLM engine for {self.model} produced no complete output for {len(prompts)} prompts x {max_tokens} "
+                f"tokens within {GENERATE_TIMEOUT_S:.0f} s (its engine core died or stalls; its log is above). "
+                f"Raise {GENERATE_TIMEOUT_ENV} for a slower machine."
+            ) from error
 
     async def _generate(self, prompts, max_tokens, temperature, seed, logprobs) -> Generation:
         from vllm import SamplingParams
