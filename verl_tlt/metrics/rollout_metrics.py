@@ -1,0 +1,66 @@
+"""One rollout's ``tlt/tail/*``, ``tlt/rollout/*`` and ``tlt/sd/*`` metrics, from every replica's rollout record
+(``rollout_trace``) and decode counters (``policy.decode_stats``): what the TLT runtime logs per RL step, whichever
+rollout backend served it. Pure: dicts in, a flat dict of floats out."""
+
+from __future__ import annotations
+
+from verl_tlt.metrics.long_tail import long_tail_metrics
+from verl_tlt.metrics.rollout_trace import rollout_summary
+from verl_tlt.policy.decode_stats import source_metrics, strategy_acceptance
+
+
+def rollout_metrics(
+    records: list[dict | None], stats: list[dict], training_stopped_at: float | None = None
+) -> dict[str, float]:
+    """`tlt/tail/*`, `tlt/rollout/*` and `tlt/sd/*` for one rollout from every replica's record and counters.
+
+    training_stopped_at: wall-clock time spot training of this rollout had stopped, if it ran; gives
+    `tlt/spot/overrun_s`, how long it ran on after the last response finished (bounded by one optimizer step).
+    """
+    records = [r for r in records if r is not None]
+    metrics: dict[str, float] = {}
+    summary = rollout_summary(records)
+    if summary:
+        start = summary["start"]
+        finishes = [t - start for r in records for t in r["finish_times"]]
+        lengths = [n for r in records for n in r["response_tokens"]]
+        metrics.update(long_tail_metrics(finishes, lengths))
+        metrics["tlt/rollout/time_s"] = summary["last_finish"] - start
+        if "engine_busy_s" in summary:
+            # Against the rollout time, whether decoding bounds it (near 1 per replica) or the requests' arrival
+            # and verl's agent loop do: only the decoding part is what speculation can shorten.
+            metrics["tlt/rollout/engine_busy_s"] = summary["engine_busy_s"]
+            metrics["tlt/rollout/last_submit_s"] = summary["last_submit"] - start
+        metrics["tlt/tail/extension_s"] = summary["closed"] - summary["last_finish"]
+        if "acceptance_length" in summary:
+            metrics["tlt/sd/acceptance_length"] = summary["acceptance_length"]
+        if training_stopped_at is not None:
+            metrics["tlt/spot/overrun_s"] = max(0.0, training_stopped_at - summary["last_finish"])
+        versions = [r["drafter_version"] for r in records if r.get("drafter_version") is not None]
+        if versions:  # equal min and max: every replica sampled this rollout with the same drafter
+            metrics["tlt/drafter/rollout_version_min"] = float(min(versions))
+            metrics["tlt/drafter/rollout_version_max"] = float(max(versions))
+    steps_sd = sum(s.get("steps_sd", 0) for s in stats)
+    steps_all = steps_sd + sum(s.get("steps_plain", 0) for s in stats)
+    tokens_sd = sum(s.get("tokens_sd", 0) for s in stats)
+    tokens_all = tokens_sd + sum(s.get("tokens_plain", 0) for s in stats)
+    metrics["tlt/sd/step_share"] = steps_sd / steps_all if steps_all else 0.0
+    metrics["tlt/sd/token_share"] = tokens_sd / tokens_all if tokens_all else 0.0
+    metrics["tlt/sd/drafter_failures"] = float(sum(s.get("drafter_failures", 0) for s in stats))
+    mix: dict[str, int] = {}
+    for s in stats:
+        for counts in (s.get("strategy_histogram") or {}).values():
+            for name, n in counts.items():
+                mix[name] = mix.get(name, 0) + n
+    for name, n in mix.items():
+        metrics[f"tlt/sd/strategy/{metric_name(name)}"] = n / steps_all if steps_all else 0.0
+    for name, length in strategy_acceptance(stats).items():
+        metrics[f"tlt/sd/strategy_acceptance/{metric_name(name)}"] = length
+    for name, value in source_metrics(stats).items():
+        metrics[f"tlt/sd/source/{name}"] = value
+    return metrics
+
+
+def metric_name(strategy: str) -> str:
+    """A strategy's name as a metric key part: 'suffix:8_1_8' -> 'suffix/8_1_8' (some trackers refuse ':')."""
+    return strategy.replace(":", "/")
