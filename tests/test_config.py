@@ -18,10 +18,8 @@ from typing import Literal
 import pytest
 from omegaconf import OmegaConf
 
-from verl_tlt.config import (
-    TLTConfig,
-    format_value,
-)
+from verl_tlt.config import TLTConfig
+from verl_tlt.strict_config import format_value
 
 REPO = Path(__file__).resolve().parents[1]
 HYDRA_CONF = REPO / "verl_tlt" / "hydra_conf"

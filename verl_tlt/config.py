@@ -1,12 +1,11 @@
-"""The ``tlt`` config block: frozen dataclasses that are the single source of defaults, and their loader.
+"""The ``tlt`` config block: frozen dataclasses that are the single source of defaults, and the one view of the
+block that every process reads it through (``tlt_view``).
 
 Every other view of the block (the Hydra YAML files under ``verl_tlt/hydra_conf``, the table in
 ``docs/config_reference.md``) is generated from :class:`TLTConfig` by ``scripts/regen_config_docs.py`` and
-checked against it by ``tests/test_config.py``. :func:`build_config` loads any such dataclass (the integrations'
-own option groups too), so every key path in an error message reads the same way.
+checked against it by ``tests/test_config.py``. Loading and its error messages are ``verl_tlt.strict_config``'s.
 
-This module is imported by every layer, so it imports nothing heavy: no verl, ray, torch or vllm
-(omegaconf is imported lazily, and only when handed an OmegaConf node).
+This module is imported by every layer, so it imports nothing heavy: no verl, ray, torch or vllm.
 """
 
 from __future__ import annotations
@@ -15,13 +14,12 @@ import dataclasses
 import json
 import math
 import re
-import types
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any
 
 from verl_tlt.policy.gate import DEFAULT_BUCKETS, SpeculationGate, bucket_problem, default_buckets
+from verl_tlt.strict_config import build_config, listify, to_plain
 
 # The override prefix every key path in an error message starts with.
 ROOT_KEY = "tlt"
@@ -374,7 +372,7 @@ class TLTConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict of all fields (what the YAML ``tlt:`` block holds: lists, not tuples)."""
-        return dataclasses.asdict(self, dict_factory=lambda items: {k: _listify(v) for k, v in items})
+        return dataclasses.asdict(self, dict_factory=lambda items: {k: listify(v) for k, v in items})
 
 
 # ---------------------------------------------------------------- the tlt block, as each process reads it
@@ -390,7 +388,7 @@ def tlt_view(block: Mapping[str, Any] | None, prefix: str = ROOT_KEY) -> TLTConf
     Every reader in a process (trainer, runtime, rollout servers, agent loops) asks here, and each distinct block
     is parsed once: the strict loader runs per block, not per caller.
     """
-    plain = _to_plain(block, prefix)
+    plain = to_plain(block, prefix)
     key = (prefix, json.dumps(plain, sort_keys=True, default=str))
     view = _VIEWS.get(key)
     if view is None:
@@ -404,190 +402,3 @@ def rollout_tlt_view(rollout_config: Any) -> TLTConfig:
     if custom is None and hasattr(rollout_config, "get"):
         custom = rollout_config.get("custom")
     return tlt_view((custom or {}).get(ROOT_KEY), prefix=ROLLOUT_TLT_KEY)
-
-
-# ---------------------------------------------------------------- names and values in messages
-
-
-def type_name(tp: Any) -> str:
-    """Readable name of a field type for messages and docs: ``bool``, ``int | None``, ``'a' | 'b'``."""
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return " | ".join(repr(a) for a in typing.get_args(tp))
-    if origin in (Union, types.UnionType):
-        return " | ".join("None" if a is type(None) else type_name(a) for a in typing.get_args(tp))
-    if origin in (list, tuple):
-        args = ", ".join("..." if a is Ellipsis else type_name(a) for a in typing.get_args(tp))
-        return f"{origin.__name__}[{args}]"
-    return getattr(tp, "__name__", str(tp))
-
-
-def format_value(value: Any) -> str:
-    """A value as written in YAML and on the Hydra command line (``true``, ``null``, ``[1, 2]``)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(format_value(v) for v in value) + "]"
-    if isinstance(value, str) and not _is_bare_yaml_string(value):
-        return json.dumps(value)
-    return str(value)
-
-
-# ---------------------------------------------------------------- loading
-
-
-def build_config(cls: type, d: Mapping[str, Any] | None, path: str) -> Any:
-    """Build the frozen config dataclass ``cls`` from a plain dict or an OmegaConf node found at key ``path``.
-
-    Interpolations are resolved first; ``None`` means all defaults. Unknown keys and wrong types raise
-    ``ValueError`` naming the full key path (``path``-rooted), the value, why, and the override that fixes it;
-    nested dataclass fields are loaded as groups, recursively. Values are never coerced.
-    """
-    return _build(cls, _to_plain(d, path), path)
-
-
-def _to_plain(d: Any, path: str) -> Any:
-    """OmegaConf node -> plain containers with interpolations resolved; anything else unchanged."""
-    if type(d).__module__.startswith("omegaconf"):
-        from omegaconf import OmegaConf  # lazy: keep `import verl_tlt.config` dependency-free
-
-        try:
-            return OmegaConf.to_container(d, resolve=True)
-        except Exception as e:  # an unresolvable ${...} somewhere in the block
-            raise ValueError(
-                f"{path}: could not resolve an interpolation in the config block ({e}); fix or remove "
-                f"the ${{...}} reference under {path}."
-            ) from e
-    return d
-
-
-def _build(cls: type, d: Any, path: str) -> Any:
-    if d is None:
-        return cls()
-    if not isinstance(d, Mapping):
-        raise ValueError(
-            f"{path} must be a mapping of keys ({_valid_keys(cls)}), got {d!r} ({type(d).__name__}); "
-            f"set individual keys instead, e.g. {path}.{_example_override(cls)}."
-        )
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    for key in d:
-        if key not in names:
-            raise ValueError(
-                f"Unknown config key '{path}.{key}' (value {d[key]!r}). Valid keys under '{path}': "
-                f"{_valid_keys(cls)}. verl-tlt reads only the keys {cls.__name__} declares, so a misspelt key would "
-                f"otherwise be silently ignored. Fix: remove the override that sets {path}.{key} (e.g. "
-                f"+{path}.{key}=... on the command line) or correct its name, e.g. {path}.{_example_override(cls)} "
-                f"(all keys: docs/config_reference.md)."
-            )
-    kwargs = {}
-    for name in names:
-        if name not in d:
-            continue
-        tp, key_path = hints[name], f"{path}.{name}"
-        if is_config_group(tp):
-            kwargs[name] = _build(tp, _to_plain(d[name], key_path), key_path)
-        else:
-            kwargs[name] = _check_value(tp, d[name], key_path, _field(cls, name))
-    return cls(**kwargs)
-
-
-def _check_value(tp: Any, value: Any, path: str, f: dataclasses.Field) -> Any:
-    """Return ``value`` (normalised: tuple for tuple fields, float for int-given floats) or raise."""
-    ok, normalised = _matches(tp, value)
-    if ok:
-        return normalised
-    raise ValueError(
-        f"{path} must be {type_name(tp)}, got {value!r} ({type(value).__name__}); verl-tlt does not coerce "
-        f"config values, so that a typo cannot silently change behaviour. "
-        f"Fix: {_fix_hint(tp, path, field_default(f))}."
-    )
-
-
-def _matches(tp: Any, value: Any) -> tuple[bool, Any]:
-    origin = typing.get_origin(tp)
-    if tp is Any:
-        return True, value
-    if origin is Literal:
-        return value in typing.get_args(tp), value
-    if origin in (Union, types.UnionType):
-        for arg in typing.get_args(tp):
-            ok, normalised = (value is None, value) if arg is type(None) else _matches(arg, value)
-            if ok:
-                return True, normalised
-        return False, value
-    if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            return False, value
-        args = [a for a in typing.get_args(tp) if a is not Ellipsis] or [Any]
-        items = [_matches(args[0], v) for v in value]
-        if not all(ok for ok, _ in items):
-            return False, value
-        return True, origin(v for _, v in items)
-    if tp is bool:
-        return isinstance(value, bool), value
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool), value
-    if tp is float:
-        is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        return is_number, float(value) if is_number else value
-    if isinstance(tp, type):
-        return isinstance(value, tp), value
-    return False, value
-
-
-def _fix_hint(tp: Any, path: str, default: Any) -> str:
-    origin = typing.get_origin(tp)
-    if tp is bool:
-        return f"set {path}=true or {path}=false"
-    if origin is Literal:
-        return "set " + " or ".join(f"{path}={format_value(a)}" for a in typing.get_args(tp))
-    return f"set {path}=<{type_name(tp)}>, e.g. {path}={format_value(default)} (the default)"
-
-
-# ---------------------------------------------------------------- helpers
-
-
-def _listify(value: Any) -> Any:
-    return [_listify(v) for v in value] if isinstance(value, (list, tuple)) else value
-
-
-def _is_bare_yaml_string(s: str) -> bool:
-    """True when ``s`` reads back as the same string unquoted (not a bool, null or number)."""
-    return bool(re.fullmatch(r"[A-Za-z_][\w./-]*", s)) and s.lower() not in _YAML_SPECIAL_WORDS
-
-
-_YAML_SPECIAL_WORDS = {"true", "false", "yes", "no", "on", "off", "null", "none", "y", "n"}
-
-
-def is_config_group(tp: Any) -> bool:
-    """True when a field of type ``tp`` is a nested group of keys (a dataclass), not a leaf value."""
-    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
-
-
-def _field(cls: type, name: str) -> dataclasses.Field:
-    return next(f for f in dataclasses.fields(cls) if f.name == name)
-
-
-def field_default(f: dataclasses.Field) -> Any:
-    """A field's default value (its factory's product for groups); every config field must have one."""
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    raise TypeError(f"config field {f.name!r} has no default; every knob needs one")
-
-
-def _valid_keys(cls: type) -> str:
-    return ", ".join(f.name for f in dataclasses.fields(cls))
-
-
-def _example_override(cls: type) -> str:
-    """``key=default`` of the first leaf field of ``cls`` (descending into groups), for "e.g." hints."""
-    first = dataclasses.fields(cls)[0]
-    tp = typing.get_type_hints(cls)[first.name]
-    if is_config_group(tp):
-        return f"{first.name}.{_example_override(tp)}"
-    return f"{first.name}={format_value(field_default(first))}"

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from verl_tlt.config import build_config
 from verl_tlt.engine.cpu_kernels import CPU_KERNEL_MODES
 from verl_tlt.engine.engine import SAMPLING_MODES
+from verl_tlt.strict_config import build_config
 
 # Where verl users set these keys (every error message names the full path).
 TORCH_ENGINE_KWARGS_KEY = "actor_rollout_ref.rollout.engine_kwargs.torch"
