@@ -17,6 +17,7 @@ def tiny_bench_model(monkeypatch):
     return "tiny"
 
 
+@pytest.mark.slow
 def test_engine_bench_writes_eager_and_compiled_rows(tmp_path, tiny_bench_model):
     out = tmp_path / "engine.json"
     engine_bench.run(str(out), [tiny_bench_model], [1, 3], prompt_len=4, new_tokens=6, repeats=1)

@@ -307,6 +307,7 @@ def test_a_damaged_checkpoint_is_a_clear_error_and_leaves_the_trainer_as_it_was(
     assert not (tmp_path / "ckpt" / "payload_ran").exists()  # no pickle was ever run
 
 
+@pytest.mark.slow
 def test_trained_drafter_raises_acceptance_in_the_engine(target):
     # End to end: what the trainer learns (pairs, positions, masks) is what the engine's drafter uses.
     path, _, samples = target

@@ -122,12 +122,14 @@ def group_distribution_pvalue(tmp_path, strategy: str, sampling: str) -> float:
     return chi_square_pvalue(samples, two_token_target_probs(hf_model, prompt, vocab), vocab)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampling", SAMPLING_MODES)
 @pytest.mark.parametrize("strategy", ["suffix:3_1_3", "suffix:3_2_5", "mixed:3_1_3"])
 def test_sampled_group_drafts_match_the_target_distribution(tmp_path, strategy, sampling):
     assert group_distribution_pvalue(tmp_path, strategy, sampling) > 1e-3  # false-alarm rate 0.1% per (fixed) seed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["suffix:3_1_3", "suffix:3_2_5", "mixed:3_1_3"])
 def test_group_distribution_test_catches_a_verifier_that_keeps_rejected_drafts(tmp_path, strategy, monkeypatch):
     # A point-mass draft that is rejected must leave the residual; keeping it there over-samples the drafted token.
@@ -135,6 +137,7 @@ def test_group_distribution_test_catches_a_verifier_that_keeps_rejected_drafts(t
     assert group_distribution_pvalue(tmp_path, strategy, "rejection") < 1e-6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["suffix:3_1_3", "mixed:3_1_3"])
 def test_group_distribution_test_catches_keyed_verification_that_forgets_the_noise(tmp_path, strategy, monkeypatch):
     real = engine_module.verify_keyed

@@ -28,6 +28,7 @@ def test_the_drafter_quality_matches_table_6_at_the_batch_1_strategy():
     assert acceptance.expected(SpecStrategy.parse("8_4_48")) == pytest.approx(6.53, abs=0.01)
 
 
+@pytest.mark.slow
 def test_the_paper_table_runs_and_prints_every_cell():
     cells = simulate_paper(steps=1)
     assert [(c.cell.model, c.cell.nodes) for c in cells] == [(c.model, c.nodes) for c in PAPER_CELLS]

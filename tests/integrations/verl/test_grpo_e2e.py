@@ -1,7 +1,9 @@
-"""verl GRPO end to end on CPU with the torch rollout: 2 steps of a real verl job, under a hard timeout.
+"""verl GRPO end to end on CPU with the torch rollout: 2 steps of one real verl job, under a hard timeout.
 
-Two steps are what the claims need: the second rollout runs on weights synced in after the first update. TLT's own
-entry point with TLT off is covered by tests/integrations/verl/test_tlt_e2e.py (its TLT-off runs).
+verl's own entry point (`verl.trainer.main_ppo`, the plugin registering the torch rollout) with the engine compiled:
+the compiled graphs must use the weights verl syncs in after every update. Two steps are what the claims need: the
+second rollout runs on weights synced in after the first update. TLT's own entry point with TLT off is covered by
+tests/integrations/verl/test_tlt_e2e.py (its TLT-off runs), the eager engine in verl by every other e2e run.
 """
 
 from __future__ import annotations
@@ -25,21 +27,12 @@ def world(tmp_path_factory):
     return build_toy_world(tmp_path_factory.mktemp("toy-world"), num_train=64, num_val=8)
 
 
-@pytest.mark.parametrize(
-    ("entry_module", "extra"),
-    [
-        ("verl.trainer.main_ppo", []),
-        # The compiled engine inside verl: its graphs must use the weights verl syncs in after every update.
-        ("verl.trainer.main_ppo", ["actor_rollout_ref.rollout.engine_kwargs.torch.compile=true"]),
-    ],
-    ids=["stock-entry", "compiled-rollout"],
-)
-def test_grpo_trains_on_cpu_with_torch_rollout(world, tmp_path, entry_module, extra):
+def test_grpo_trains_on_cpu_with_the_compiled_torch_rollout_from_verls_entry_point(world, tmp_path):
     overrides = toy_grpo_overrides(
         world, steps=STEPS, batch_size=4, group_size=2, max_response_length=48, lr=1e-3, reward_fn=DENSE_REWARD
     )
-    overrides += extra
-    result = run_verl_job(overrides, tmp_path, timeout_s=420, entry_module=entry_module)
+    overrides.append("actor_rollout_ref.rollout.engine_kwargs.torch.compile=true")
+    result = run_verl_job(overrides, tmp_path, timeout_s=420, entry_module="verl.trainer.main_ppo")
 
     assert [m["step"] for m in result.metrics] == list(range(1, STEPS + 1))
     for m in result.metrics:

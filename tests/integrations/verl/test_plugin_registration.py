@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 PROBE = r"""
 import json, sys, time
 t0 = time.perf_counter()
@@ -41,6 +43,7 @@ def probe(extra_env: dict[str, str] | None = None) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_plugin_registers_platform_rollout_and_trainer_mode_in_a_fresh_process():
     seen = probe()
     assert seen["platform"] == "cpu"  # auto-detected: this machine has no accelerator
@@ -59,9 +62,11 @@ def test_plugin_registers_platform_rollout_and_trainer_mode_in_a_fresh_process()
     }
 
 
+@pytest.mark.slow
 def test_plugin_import_does_not_pull_in_rollout_or_trainer_modules():
     assert probe()["heavy_before"] == []
 
 
+@pytest.mark.slow
 def test_platform_can_be_forced_by_env():
     assert probe({"VERL_PLATFORM": "cpu"})["platform"] == "cpu"

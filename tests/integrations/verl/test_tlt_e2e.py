@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -113,21 +114,37 @@ def tlt_metrics(metrics: dict) -> dict[str, float]:
     return {k: v for k, v in metrics.items() if k.startswith("tlt/")}
 
 
-def test_greedy_rollouts_are_identical_with_tlt_on_and_off(world, target, tmp_path):
+GREEDY_STEPS = 3
+RESUMED_FROM = 2  # the TLT run's checkpoint that the resume test continues from
+
+
+@pytest.fixture(scope="module")
+def greedy_runs(world, target, tmp_path_factory):
+    """The greedy pair of runs, TLT off and on (3 steps each); the TLT run also checkpoints at step 2, which the
+    resume test continues from instead of running a job of its own to get there."""
     # Validation after step 2 (and the last step): verl validates without sleeping the replicas.
     # Two samples per prompt, and group drafts on with TLT: greedy siblings answer alike, so the suffix drafts from a
     # sibling are long, and they must change nothing either.
+    root = tmp_path_factory.mktemp("greedy")
     validate = ["trainer.test_freq=2", *SAME_SAMPLES_OVERRIDES]
-    trace = tmp_path / "on.jsonl"
-    group_drafts = [
+    trace = root / "on.jsonl"
+    tlt_extra = [
         "tlt.speculative.group_drafts=true",
         f"+actor_rollout_ref.rollout.engine_kwargs.torch.trace_path={trace}",
+        f"trainer.save_freq={RESUMED_FROM}",
     ]
-    off, on = (
-        run(world, target, tmp_path / name, greedy=True, tlt=tlt, group_size=2, extra=validate + extra)
-        for name, tlt, extra in (("off", False, []), ("on", True, group_drafts))
-    )
+    runs = {
+        name: run(
+            world, target, root / name, steps=GREEDY_STEPS, greedy=True, tlt=tlt, group_size=2, extra=validate + extra
+        )
+        for name, tlt, extra in (("off", False, []), ("on", True, tlt_extra))
+    }
+    return root, runs, validate + tlt_extra
 
+
+def test_greedy_rollouts_are_identical_with_tlt_on_and_off(greedy_runs):
+    root, runs, _ = greedy_runs
+    off, on, trace = runs["off"], runs["on"], root / "on.jsonl"
     assert [m["step"] for m in on.metrics] == [1, 2, 3]
     off_responses, on_responses = responses_by_step(off), responses_by_step(on)
     for step in (1, 2, 3):
@@ -179,7 +196,7 @@ def test_greedy_rollouts_are_identical_with_tlt_on_and_off(world, target, tmp_pa
     assert last["tlt/drafter/total_steps"] >= 1 and last["tlt/drafter/version"] >= 1
     assert any(tlt_metrics(m)["tlt/spot/trained_replica_s"] > 0 for m in on.metrics)
     # Every burst that changed the drafter was checkpointed by its worker (asynchronously, beside verl's checkpoints).
-    assert list((tmp_path / "on" / "checkpoints" / "tlt_spot").glob(f"worker_*/latest/{TENSORS_FILE}"))
+    assert list((root / "on" / "checkpoints" / "tlt_spot").glob(f"worker_*/latest/{TENSORS_FILE}"))
     # That training stops within one optimizer step once the last response finishes is checked by counting steps
     # (tests/drafter/test_trainer.py), not by timing a shared machine here.
 
@@ -267,14 +284,29 @@ def test_a_crashing_drafter_worker_does_not_stop_the_run(sampled_runs):
     assert all(tlt_metrics(m)["tlt/sd/step_share"] > 0 for m in result.metrics)
 
 
-def test_resume_continues_the_drafter(world, target, tmp_path):
-    first = run(world, target, tmp_path, steps=2, greedy=True, tlt=True, extra=["trainer.save_freq=1"])
-    saved = tlt_metrics(first.metrics[-1])
-    drafter_dir = tmp_path / "checkpoints" / "global_step_2" / "tlt_drafter"
+def test_resume_continues_the_drafter(world, target, greedy_runs, tmp_path):
+    root, runs, extra = greedy_runs
+    saved = tlt_metrics(runs["on"].metrics[RESUMED_FROM - 1])
+    step_dir = root / "on" / "checkpoints" / f"global_step_{RESUMED_FROM}"
+    drafter_dir = step_dir / "tlt_drafter"
     assert (drafter_dir / "meta.json").is_file() and (drafter_dir / "trainer" / STATE_FILE).is_file()
-
-    second = run(world, target, tmp_path, steps=3, greedy=True, tlt=True, extra=["trainer.save_freq=-1"])
-    assert [m["step"] for m in second.metrics] == [3]
+    # A fresh output folder holding only that checkpoint: verl resumes from it (resume_mode auto) and runs the last
+    # step with the same settings.
+    checkpoints = tmp_path / "checkpoints"
+    shutil.copytree(step_dir, checkpoints / step_dir.name)
+    (checkpoints / "latest_checkpointed_iteration.txt").write_text(str(RESUMED_FROM))
+    settings = [e for e in extra if not e.startswith(("trainer.save_freq", "+actor_rollout_ref.rollout.engine_kwargs"))]
+    second = run(
+        world,
+        target,
+        tmp_path,
+        steps=GREEDY_STEPS,
+        greedy=True,
+        tlt=True,
+        group_size=2,
+        extra=[*settings, "trainer.save_freq=-1"],
+    )
+    assert [m["step"] for m in second.metrics] == [GREEDY_STEPS]
     log = second.log_path.read_text(errors="replace")
     assert f"drafter version {int(saved['tlt/drafter/version'])} restored" in log
     resumed = tlt_metrics(second.metrics[0])
