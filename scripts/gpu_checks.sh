@@ -29,9 +29,9 @@ step() {  # step NAME SECONDS COMMAND...
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 step gpu_tests 150 "$python" -m pytest -q -m gpu tests/engine/test_engine_cuda.py tests/engine/test_eagle_inference.py \
     tests/bench/test_verify_bench.py
-step sd_graphs 120 "$python" -m verl_tlt.cli bench sd --device cuda --cuda-graphs --strategies 4_1_4 2_1_2 \
+step sd_graphs 120 "$python" -m verl_tlt.cli bench sd curve --device cuda --cuda-graphs --strategies 4_1_4 2_1_2 \
     --acceptance-prompts 8 --json "$out/sd_graphs.json"
-step sd_plain 120 "$python" -m verl_tlt.cli bench sd --device cuda --strategies 4_1_4 2_1_2 \
+step sd_plain 120 "$python" -m verl_tlt.cli bench sd curve --device cuda --strategies 4_1_4 2_1_2 \
     --acceptance-prompts 8 --json "$out/sd.json"
 step adaptive_graphs 160 "$python" -m verl_tlt.cli bench adaptive --device cuda --cuda-graphs \
     --json "$out/adaptive_graphs.json"

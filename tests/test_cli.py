@@ -29,7 +29,9 @@ LEAVES = [
     ("simulate", "replay"),
     ("bench", "engine"),
     ("bench", "verify"),
-    ("bench", "sd"),
+    ("bench", "sd", "curve"),
+    ("bench", "sd", "drafts"),
+    ("bench", "sd", "vllm"),
     ("bench", "adaptive"),
     ("bench", "replay"),
     ("bench", "drafter-replay"),
@@ -73,7 +75,7 @@ def test_the_top_level_help_names_every_command(capsys):
 
 def test_the_bench_help_names_every_benchmark(capsys):
     text = help_text(["bench"], capsys)
-    for _, name in (path for path in LEAVES if path[0] == "bench"):
+    for name in {path[1] for path in LEAVES if path[0] == "bench"}:
         assert f"    {name}" in text
 
 
@@ -96,10 +98,10 @@ def test_mistakes_fail_with_argparses_message(argv, message, capsys):
 
 def test_a_refused_option_value_is_a_usage_error_of_its_command(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        main(["bench", "sd", "--toy-shape", "huge"])
+        main(["bench", "sd", "curve", "--toy-shape", "huge"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert "verl-tlt bench sd: error: --toy-shape must be one of" in err and "got 'huge'" in err
+    assert "verl-tlt bench sd curve: error: --toy-shape must be one of" in err and "got 'huge'" in err
 
 
 def test_a_modules_main_runs_its_commands_like_the_whole_tree(capsys):

@@ -1,4 +1,4 @@
-"""`bench sd --drafts` on a tiny model (the real run needs the trained toy target), and its command line."""
+"""`bench sd drafts` on a tiny model (the real run needs the trained toy target), and its command line."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import json
 import pytest
 
 from tests.engine.conftest import build_tiny_model
-from verl_tlt.bench import cli as bench_cli
-from verl_tlt.bench import group_sd_bench
+from verl_tlt.bench import group_sd_bench, sd_cli
 from verl_tlt.bench.group_sd_bench import GroupBenchConfig, measure
 from verl_tlt.drafter.model import EagleDrafterModel
 from verl_tlt.engine import RolloutEngine
@@ -69,23 +68,25 @@ def test_mixed_tree_shapes_are_skipped_with_a_note():
 
 
 def test_the_cli_defaults_match_the_bench_module():
-    assert bench_cli.GROUP_SD_SHAPES == group_sd_bench.DEFAULT_SHAPES
-    assert bench_cli.GROUP_SD_BATCH_SIZES == group_sd_bench.DEFAULT_BATCH_SIZES
+    assert sd_cli.GROUP_SD_SHAPES == group_sd_bench.DEFAULT_SHAPES
+    assert sd_cli.GROUP_SD_BATCH_SIZES == group_sd_bench.DEFAULT_BATCH_SIZES
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--drafts", "suffix", "--temperature", "1"], "--temperature: not read by the group-draft comparison"),
-        (["--drafts", "mixed", "--compile", "--acceptance-prompts", "4"], "--acceptance-prompts, --compile: not read"),
-        (["--group-size", "4"], "--group-size: only with --drafts; drop it"),
-        (["--temperatures", "1"], "--temperatures: only with --drafts; drop it"),
-        (["--backend", "vllm", "--drafts", "suffix"], "--drafts: only for --backend torch, not vllm"),
-        (["--drafts", "suffix", "--strategies", "suffix:4_1_4"], "--strategies with --drafts are shapes"),
-        (["--drafts", "suffix", "--temperatures", "-1"], "--temperatures must be >= 0"),
+        (["drafts", "suffix", "--acceptance-prompts", "4"], "unrecognized arguments: --acceptance-prompts 4"),
+        (["drafts", "mixed", "--compile"], "unrecognized arguments: --compile"),
+        (["curve", "--group-size", "4"], "unrecognized arguments: --group-size 4"),
+        (["vllm", "--strategies", "4_1_4"], "unrecognized arguments: --strategies 4_1_4"),
+        (["drafts"], "the following arguments are required: sources"),
+        (["drafts", "fast"], "invalid choice: 'fast'"),
+        (["drafts", "suffix", "--strategies", "suffix:4_1_4"], "--strategies are shapes such as 4_1_4"),
+        (["drafts", "suffix", "--temperatures", "-1"], "--temperatures must be >= 0"),
+        (["curve", "--rounds", "0"], "--batch-sizes, --max-tokens and --rounds must be >= 1"),
     ],
 )
-def test_options_that_do_not_apply_to_the_mode_are_refused(argv, message, capsys):
+def test_each_subcommand_takes_only_the_options_it_reads(argv, message, capsys):
     from verl_tlt.cli import main
 
     with pytest.raises(SystemExit) as excinfo:
@@ -94,13 +95,13 @@ def test_options_that_do_not_apply_to_the_mode_are_refused(argv, message, capsys
     assert message in capsys.readouterr().err
 
 
-def test_without_drafts_the_curve_runs_with_its_own_defaults(monkeypatch):
+def test_the_curve_runs_with_its_own_defaults(monkeypatch):
     from verl_tlt.bench import sd_bench
     from verl_tlt.cli import main
 
     calls = []
     monkeypatch.setattr(sd_bench, "run", lambda *args, **kwargs: calls.append(args))
-    assert main(["bench", "sd"]) == 0
+    assert main(["bench", "sd", "curve"]) == 0
     assert calls[0][1] == ["8_4_16", "4_1_4"] and calls[0][2] == [1, 2, 4, 8, 16, 32, 64]
 
 
@@ -109,6 +110,6 @@ def test_with_drafts_the_comparison_gets_its_own_defaults(monkeypatch):
 
     calls = []
     monkeypatch.setattr(group_sd_bench, "run", lambda *args, **kwargs: calls.append(args))
-    assert main(["bench", "sd", "--drafts", "suffix", "mixed", "suffix"]) == 0
+    assert main(["bench", "sd", "drafts", "suffix", "mixed", "suffix"]) == 0
     config = calls[0][1]
     assert config == GroupBenchConfig(drafts=("suffix", "mixed"))

@@ -1,4 +1,4 @@
-"""`verl-tlt bench sd --backend vllm` on real vLLM (the CPU build), at toy size: it runs, checks greedy identity,
+"""`verl-tlt bench sd vllm` on real vLLM (the CPU build), at toy size: it runs, checks greedy identity,
 and reports every ratio it promises. The numbers themselves are measured by the full command (docs/benchmarks.md)."""
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ def test_the_vllm_sd_bench_reports_every_ratio_with_greedy_identity(tmp_path):
         "verl_tlt.cli",
         "bench",
         "sd",
-        "--backend",
         "vllm",
         "--ks",
         "2",

@@ -1,4 +1,4 @@
-"""`verl-tlt bench sd --drafts ...`: group drafts (suffix, mixed) against the EAGLE drafter on the trained toy target.
+"""`verl-tlt bench sd drafts ...`: group drafts (suffix, mixed) against the EAGLE drafter on the trained toy target.
 
 In GRPO each prompt is answered `group_size` times, and the answers that decode last (the tail of a rollout) have
 siblings that already finished. The bench measures that tail: for each temperature T, batch size B and round, B
@@ -45,7 +45,7 @@ DEFAULT_TEMPERATURES = (0.0, 1.0, 2.0)
 
 @dataclass(frozen=True)
 class GroupBenchConfig:
-    """What `bench sd --drafts` measures: draft sources x shapes, at each temperature and batch size."""
+    """What `bench sd drafts` measures: draft sources x shapes, at each temperature and batch size."""
 
     drafts: tuple[str, ...] = SOURCES
     shapes: tuple[str, ...] = DEFAULT_SHAPES
@@ -269,7 +269,7 @@ def compare(engine: RolloutEngine, prompts: Sequence[Sequence[int]], config: Gro
     _warm_up(engine, prompts[:2], strategies)
     units = 1 + len(strategies) + (1 if any(SpecStrategy.parse(s).uses_group_drafts for s in strategies) else 0)
     total = len(config.temperatures) * len(config.batch_sizes) * config.rounds * units
-    progress = Progress("bench sd --drafts", total, unit="generate calls")
+    progress = Progress("bench sd drafts", total, unit="generate calls")
     rows, next_number = [], 0
     for temperature in config.temperatures:
         for batch_size in config.batch_sizes:

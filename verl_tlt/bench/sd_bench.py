@@ -1,4 +1,4 @@
-"""`verl-tlt bench sd`: speculative vs plain decoding with the torch engine on the trained toy target.
+"""`verl-tlt bench sd curve`: speculative vs plain decoding with the torch engine on the trained toy target.
 
 The drafter is the cached warm-up drafter (`verl_tlt.toy.drafter.ensure_toy_drafter`). For each strategy and
 batch size B, `rounds` batches of B fresh toy prompts are decoded to completion (natural EOS, max_tokens cap),

@@ -1,4 +1,4 @@
-"""`verl-tlt bench sd --backend vllm`: speculative vs plain decoding on vLLM (the engine TLT sets up in verl).
+"""`verl-tlt bench sd vllm`: speculative vs plain decoding on vLLM (the engine TLT sets up in verl).
 
 Two engines in one process on the cached toy target: a plain one, and a TLT-configured one (the warmed-up toy
 drafter as vLLM's EAGLE-1 ``speculative_config``, TLT's worker extension and stat logger; see
@@ -92,7 +92,7 @@ def run(
     gate = SpeculationGate(threshold)
     gated_sizes = [b for b in batch_sizes if not gate.speculates(b)]
     progress = Progress(
-        "bench sd (vLLM)",
+        "bench sd vllm",
         rounds * (len(ks) * len(batch_sizes) + len(ks) * len(gated_sizes) + 1),
         unit="rounds",
     )

@@ -38,7 +38,7 @@ SETUP_STAGE = "setup (virtualenv)"
 # a recorded run). Short steps also bound how long training can run past the last response.
 TOY_DRAFTER_OVERRIDES = ["tlt.drafter.max_tokens_per_batch=256", "tlt.drafter.lr=1e-3"]
 # Chains only: on this CPU every tree strategy decodes the toy slower than plain at every batch size, while the
-# chains gain (`verl-tlt bench sd --strategies 8_4_16 6_4_8 4_1_4 2_1_2` shows it); exploring the trees would only
+# chains gain (`verl-tlt bench sd curve --strategies 8_4_16 6_4_8 4_1_4 2_1_2` shows it); exploring the trees would only
 # cost the bandit steps. The default set (with trees) is for accelerators, where verifying more tokens is cheap.
 CPU_STRATEGY_OVERRIDES = ['tlt.speculative.strategies=["4_1_4","2_1_2"]']
 

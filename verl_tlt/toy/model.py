@@ -14,7 +14,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerBase, Qwen2Config,
 
 # Named model shapes for the toy target. "default" is build_tiny_model's own defaults, the measured ~1M model above.
 # "deep" has about the same parameter count in twice the layers, so that a 1-layer EAGLE drafter costs about 1/8 of
-# a target step instead of 1/4, nearer real targets (28+ layers); `verl-tlt bench sd --toy-shape deep` measures
+# a target step instead of 1/4, nearer real targets (28+ layers); `verl-tlt bench sd curve --toy-shape deep` measures
 # what that does to SD.
 TOY_SHAPES: Mapping[str, Mapping[str, int]] = {
     "default": {},

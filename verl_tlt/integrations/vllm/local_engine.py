@@ -1,4 +1,4 @@
-"""A TLT-configured vLLM engine in this process, outside verl: for ``verl-tlt bench sd --backend vllm`` and the
+"""A TLT-configured vLLM engine in this process, outside verl: for ``verl-tlt bench sd vllm`` and the
 vLLM test tier.
 
 It assembles the engine exactly like the TLT server does inside verl (``engine_setup``): EAGLE-1 drafter from an
