@@ -177,7 +177,6 @@ def test_greedy_rollouts_are_identical_with_tlt_on_and_off(greedy_runs):
         ):
             assert key in tlt, f"step {m['step']}: missing {key}"
         assert tlt["tlt/sd/step_share"] > 0 and tlt["tlt/sd/acceptance_length"] >= 1.0
-        assert 0 < tlt.get("tlt/sd/source/suffix/draft_share", 0) < 1, "both sources must have drafted"
         assert tlt["tlt/capture/samples"] > 0
         # The servers' record of a step is that step's rollout alone, not also the validation before it.
         assert tlt["tlt/rollout/time_s"] <= m["timing_s/gen"], f"step {m['step']}: {tlt['tlt/rollout/time_s']}"
@@ -185,6 +184,10 @@ def test_greedy_rollouts_are_identical_with_tlt_on_and_off(greedy_runs):
         assert tlt["tlt/rollout/engine_busy_s"] > 0
         assert 0 <= tlt["tlt/rollout/last_submit_s"] <= tlt["tlt/rollout/time_s"]
     assert any(k.startswith("val-") for k in on.metrics[1]), "validation did not run after step 2"
+    # Both sources drafted in the run: every arm of a bucket is played first (min_samples), whatever the timings. Which
+    # source a later step prefers is the bandit's call on measured step times, so no single step must show both.
+    for source in ("eagle", "suffix"):
+        assert any(tlt_metrics(m).get(f"tlt/sd/source/{source}/draft_share", 0) > 0 for m in on.metrics), source
     # Every training request named its group, and each group's two samples reached one replica (16 prompts a step).
     records = [json.loads(line) for line in trace.read_text().splitlines()]
     training = [r for r in records if not r.get("validation")]
