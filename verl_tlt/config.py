@@ -398,7 +398,8 @@ def tlt_view(block: Mapping[str, Any] | None, prefix: str = ROOT_KEY) -> TLTConf
 
 def rollout_tlt_view(rollout_config: Any) -> TLTConfig:
     """The tlt block of a rollout server's config (verl's RolloutConfig or its OmegaConf node), via `tlt_view`."""
-    custom = getattr(rollout_config, "custom", None) if not hasattr(rollout_config, "get") else None
-    if custom is None and hasattr(rollout_config, "get"):
+    if hasattr(rollout_config, "get"):  # an OmegaConf node or a dict
         custom = rollout_config.get("custom")
+    else:  # verl's RolloutConfig dataclass
+        custom = getattr(rollout_config, "custom", None)
     return tlt_view((custom or {}).get(ROOT_KEY), prefix=ROLLOUT_TLT_KEY)
