@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -70,8 +69,14 @@ def run_with_traceback_on_timeout(command: list[str], log_path, timeout_s: float
             returncode = process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             process.send_signal(signal.SIGABRT)  # faulthandler writes the stacks, then the process dies
-            time.sleep(3)
-            os.killpg(process.pid, signal.SIGKILL)  # and vLLM's engine processes with it
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            try:  # vLLM's engine processes outlive the bench: the whole group goes
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:  # nothing of the group was left
+                pass
             process.wait()
             returncode = None
     lines = [line for line in log_path.read_text().splitlines() if " INFO " not in line]
