@@ -257,7 +257,7 @@ def run(
     best_fixed = min(config.strategies, key=lambda s: runs[s]["seconds"])
     by_round = paired_ratios(round_seconds, best_fixed, "adaptive")
     noise_by_round = paired_ratios(round_seconds, "plain", PLAIN_AGAIN)
-    gate = SpeculationGate(config.threshold, config.buckets)
+    gate = config.gate
     above_s = sum(sum(times) for batch_size, times in adaptive_steps.items() if not gate.speculates(batch_size))
     # The negative control: above the threshold a fixed strategy decodes plainly like the plain run, plus a trivial
     # policy's calls, so how far its group ratios stray from 1.0 is about what this machine's noise does to the
