@@ -9,9 +9,9 @@ from tests.engine.drafters import HFModelDrafter
 from tests.engine.test_engine_speculative import GREEDY, PROMPTS, drafters, make_engine, two_token_target_probs
 from tests.spec.sd_harness import chi_square_pvalue
 from verl_tlt.engine import RolloutEngine, SamplingParams
-from verl_tlt.engine import engine as engine_module
-from verl_tlt.engine.engine import SAMPLING_MODES
+from verl_tlt.engine import speculative_step as step_module
 from verl_tlt.engine.group_drafts import GroupDrafts
+from verl_tlt.engine.sampler import SAMPLING_MODES
 from verl_tlt.spec import verify as verify_module
 
 GROUP_STRATEGIES = ["suffix:6_1_6", "suffix:4_3_8", "mixed:4_1_4"]
@@ -140,6 +140,6 @@ def test_group_distribution_test_catches_a_verifier_that_keeps_rejected_drafts(t
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["suffix:3_1_3", "mixed:3_1_3"])
 def test_group_distribution_test_catches_keyed_verification_that_forgets_the_noise(tmp_path, strategy, monkeypatch):
-    real = engine_module.verify_keyed
-    monkeypatch.setattr(engine_module, "verify_keyed", lambda tree, logits, noise: real(tree, logits, 0 * noise))
+    real = step_module.verify_keyed
+    monkeypatch.setattr(step_module, "verify_keyed", lambda tree, logits, noise: real(tree, logits, 0 * noise))
     assert group_distribution_pvalue(tmp_path, strategy, "keyed") < 1e-6

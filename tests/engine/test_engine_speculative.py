@@ -8,8 +8,8 @@ import torch
 from tests.engine.drafters import HFModelDrafter, SyncCountingDrafter
 from tests.spec.sd_harness import chi_square_pvalue
 from verl_tlt.engine import RolloutEngine, SamplingParams
-from verl_tlt.engine import engine as engine_module
-from verl_tlt.engine.engine import SAMPLING_MODES
+from verl_tlt.engine import speculative_step as step_module
+from verl_tlt.engine.sampler import SAMPLING_MODES
 from verl_tlt.spec import LogitsParams, SpecStrategy
 from verl_tlt.spec import verify as verify_module
 
@@ -114,7 +114,7 @@ def test_engine_switches_between_plain_and_sd_at_any_step(varied_qwen2):
     plain = make_engine(varied_qwen2, max_num_seqs=8).generate(PROMPTS, GREEDY)
     engine = make_engine(varied_qwen2, HFModelDrafter(varied_qwen2[1], noise=0.5, check_hidden=True), max_num_seqs=8)
     for prompt in PROMPTS:
-        engine.add_request(prompt, GREEDY, request_id=str(len(engine.waiting)))
+        engine.add_request(prompt, GREEDY, request_id=str(len(engine.scheduler.waiting)))
     done = run_schedule(engine, MIXED_SCHEDULE)
     assert [done[str(i)].token_ids for i in range(len(PROMPTS))] == [o.token_ids for o in plain]
     assert engine.drafter.hidden_checks > 0  # the drafter saw exactly the target's hidden states
@@ -177,8 +177,8 @@ def test_engine_distribution_test_catches_a_verifier_that_ignores_the_residual(t
 @pytest.mark.parametrize("strategy", ["3_1_3", "3_2_5"])
 def test_engine_distribution_test_catches_keyed_verification_that_forgets_the_noise(tmp_path, strategy, monkeypatch):
     # Verifying on the unperturbed target makes every token a speculative step emits the target's argmax.
-    real = engine_module.verify_keyed
-    monkeypatch.setattr(engine_module, "verify_keyed", lambda tree, logits, noise: real(tree, logits, 0 * noise))
+    real = step_module.verify_keyed
+    monkeypatch.setattr(step_module, "verify_keyed", lambda tree, logits, noise: real(tree, logits, 0 * noise))
     assert engine_distribution_pvalue(tmp_path, strategy, "keyed") < 1e-6
 
 

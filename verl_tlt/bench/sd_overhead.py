@@ -3,7 +3,7 @@
 At batch 1, real speculative steps `engine.step(strategy)` run with a cheap stateless drafter (the target's
 embedding -> final norm -> LM head, no layers; it still asks for hidden states like an EAGLE head, so the engine's
 hidden-state bookkeeping is included). Each step is timed whole, along with the target forward inside it
-(`engine._forward` + `engine.model.logits`) and the drafter calls (`begin` + `expand`). Overhead = step - target -
+(`engine.runner.forward` + `engine.model.logits`) and the drafter calls (`begin` + `expand`). Overhead = step - target -
 drafter: the tree search, masks, sampling/verification, KV compaction and bookkeeping. The fraction is summed
 overhead / summed step time over the measured steps after warm-up. On CUDA every timed call (and the step) is
 bracketed by a synchronize, so each part's kernels count in that part and not in whichever part next waits for the
@@ -84,7 +84,7 @@ def instrument(engine: RolloutEngine, drafter: Drafter) -> tuple[Stopwatch, Stop
     `engine.model.logits` stays wrapped until `del engine.model.logits`)."""
     sync = synchronizer(engine.device)
     target, draft = Stopwatch(sync=sync), Stopwatch(sync=sync)
-    engine._forward = target.wrap(engine._forward)
+    engine.runner.forward = target.wrap(engine.runner.forward)
     engine.model.logits = target.wrap(engine.model.logits)
     drafter.begin = draft.wrap(drafter.begin)
     drafter.expand = draft.wrap(drafter.expand)

@@ -6,7 +6,7 @@ The target is a random-weight Qwen2 of a named shape (`MODELS`), built directly 
 Verify cost. For each dtype the engine prefills `context_len` random tokens into max(batch_sizes) cache slots
 (one real prefill `step()`). Then, for each batch size (the first `batch_size` slots), mode and k, a draft tree of
 k nodes plus the root (width k + 1 tokens a row) is verified exactly as `RolloutEngine._decode_speculative` does
-it: `tree_forward_layout` (outside the timing), then `engine._forward` and `engine.model.logits` on every node
+it: `tree_forward_layout` (outside the timing), then `engine.runner.forward` and `engine.model.logits` on every node
 (timed). k = 0 is a plain decode step (the root alone, width 1): the same layout and mask as
 `RolloutEngine._decode`, run as a "decode" forward. The forward writes only scratch positions after each row's
 prefix, so repeating it leaves the cache valid. Chain trees have parents[i] = i - 1; tree mode fills an EAGLE-2
@@ -122,8 +122,8 @@ def prefill(engine: RolloutEngine, batch_size: int, context_len: int, generator:
     for prompt in prompts:
         engine.add_request(prompt, params)
     engine.step()
-    if engine.cache_lens != [context_len] * batch_size:
-        raise RuntimeError(f"prefill left cache lengths {engine.cache_lens}, expected {context_len} per row")
+    if engine.scheduler.cache_lens != [context_len] * batch_size:
+        raise RuntimeError(f"prefill left cache lengths {engine.scheduler.cache_lens}, expected {context_len} per row")
 
 
 # ----- verify cost -----------------------------------------------------------------------------------------
@@ -141,7 +141,7 @@ def time_verify(
     sync = synchronizer(engine.device)
 
     def verify() -> None:
-        hidden = engine._forward(kind, tree.tokens, positions, 0, write_pos, mask)
+        hidden = engine.runner.forward(kind, tree.tokens, positions, 0, write_pos, mask)
         engine.model.logits(hidden)
         sync()  # every call ends with the device idle, so the next clock read starts on an empty queue
 

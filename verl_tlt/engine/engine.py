@@ -1,52 +1,38 @@
 """RolloutEngine: batched, KV-cached, continuously batched decoding with the torch model.
 
 One `step()` either prefills newly admitted requests (producing their first token) or advances every running
-request by one decode token. Requests join and leave the running batch between steps. The engine is single-
-threaded by design; `add_request` and `abort` are safe to call from other threads.
+request by one decode token, plainly or speculatively. Requests join and leave the running batch between steps.
+The engine is single-threaded by design; `add_request` and `abort` are safe to call from other threads.
+
+It is four rooms (as nano-vllm's): the scheduler (engine.scheduler: waiting and running requests, cache slots), the
+model runner (engine.model_runner: the target's forwards, eager, compiled, CUDA graphs, CPU kernels), the sampler
+(engine.sampler) and the speculative step (engine.speculative_step: draft, verify, commit, draft-source health).
+This file joins them and holds the plain-or-speculative choice of each decode step.
 """
 
 from __future__ import annotations
 
-import itertools
-import logging
 import os
-import threading
 import time
-from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
 
-import numpy as np
 import torch
 
-from verl_tlt.engine.compiled_forward import CompiledForward
-from verl_tlt.engine.cpu_kernels import setup_cpu_kernels
-from verl_tlt.engine.cuda_graphs import StepGraphPool, graph_batch_buckets
+from verl_tlt.engine.cuda_graphs import StepGraphPool
 from verl_tlt.engine.drafter import Drafter
-from verl_tlt.engine.group_drafts import GroupDraftError, GroupDrafts
-from verl_tlt.engine.kv_cache import SlotKVCache
+from verl_tlt.engine.group_drafts import GroupDrafts
+from verl_tlt.engine.model_runner import ModelRunner
 from verl_tlt.engine.request import CompletionOutput, Request
-from verl_tlt.engine.sampler import params_tensors, sample_tokens
+from verl_tlt.engine.sampler import BatchSampler
 from verl_tlt.engine.sampling_params import LOGPROBS_MODES, SamplingParams
-from verl_tlt.engine.speculative import (
-    accepted_path_moves,
-    draft_sources,
-    draft_trees,
-    group_draft_trees,
-    tree_forward_layout,
-)
-from verl_tlt.modeling.model import AttentionBatch, CausalLM
+from verl_tlt.engine.scheduler import Scheduler
+from verl_tlt.engine.speculative_step import SpeculativeStep
+from verl_tlt.modeling.model import CausalLM
 from verl_tlt.modeling.weights import load_pretrained, load_weights, read_eos_token_ids
 from verl_tlt.policy import PLAIN, DecodeStats, Policy
 from verl_tlt.policy.decode_stats import DecodeCosts
 from verl_tlt.progress import Progress
-from verl_tlt.spec.keyed_noise import gumbel_noise, request_key
-from verl_tlt.spec.logits import LogitsParams, token_log_probs
-from verl_tlt.spec.strategy import EAGLE, SpecStrategy
-from verl_tlt.spec.verify import emitted_positions, verify_keyed, verify_tree
-
-logger = logging.getLogger(__name__)
-
-SAMPLING_MODES = ("keyed", "rejection")
+from verl_tlt.spec.strategy import SpecStrategy
 
 
 class RolloutEngine:
@@ -93,50 +79,32 @@ class RolloutEngine:
     ):
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
-        if max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
-        if sampling not in SAMPLING_MODES:
-            raise ValueError(f"sampling must be one of {SAMPLING_MODES}, got {sampling!r}")
-        self.keyed_sampling = sampling == "keyed"
-        self.model = model.eval()
-        param = next(model.parameters())
-        self.device, self.dtype = param.device, param.dtype
-        self.kernel_plan = setup_cpu_kernels(model, cpu_layouts, cpu_kernels)
-        # torch.compile'd target forwards, one per kind of step (engine.compiled_forward); None runs eagerly.
-        self.compiled = CompiledForward(model) if compile else None
-        if cuda_graphs and self.device.type != "cuda":
-            logger.warning("RolloutEngine(cuda_graphs=True) on %s: CUDA graphs need CUDA; not using them", self.device)
-            cuda_graphs = False
-        self._wants_graphs = cuda_graphs
-        self.graphs: StepGraphPool | None = None  # built by the first decode step, or by enable_step_graphs
-        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
-        self.max_num_seqs = max_num_seqs
-        self.max_model_len = max_model_len or model.spec.max_position_embeddings
-        self.raw_logprobs = logprobs_mode == "raw_logprobs"
-        self.generator = torch.Generator(device=self.device).manual_seed(seed)
         if max_draft_tokens < 1:
             raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
+        self.scheduler = Scheduler(max_num_seqs)
+        self.max_model_len = max_model_len or model.spec.max_position_embeddings
         self.max_draft_tokens = max_draft_tokens
         # Draft-tree nodes are verified in scratch positions after a row's prefix, hence the extra room.
         cache_len = self.max_model_len + max_draft_tokens + 1
-        self.cache = SlotKVCache(model.spec, dtype=self.dtype, device=self.device, max_len=cache_len)
-        self.running: list[Request] = []  # running[i] occupies cache slot i
-        self.cache_lens: list[int] = []  # tokens already written to the cache, per running request
-        self.waiting: deque[Request] = deque()
-        self._lock = threading.Lock()
-        self._ids = itertools.count()
-        self._aborted: set[str] = set()
-        self.drafter: Drafter | None = None
-        self.drafter_error: str | None = None  # set when the drafter failed; speculation stays off until reset
+        self.runner = ModelRunner(
+            model,
+            cache_len=cache_len,
+            cpu_layouts=cpu_layouts,
+            cpu_kernels=cpu_kernels,
+            compile=compile,
+            cuda_graphs=cuda_graphs,
+        )
+        self.model, self.device, self.dtype = self.runner.model, self.runner.device, self.runner.dtype
+        self.sampler = BatchSampler(
+            sampling=sampling, raw_logprobs=logprobs_mode == "raw_logprobs", seed=seed, device=self.device
+        )
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.speculation = SpeculativeStep(self.runner, self.sampler, group_drafts)
         self.set_drafter(drafter)
-        # Indexes requests from their admission on; None until group drafts are wanted (it costs Python per token).
-        self.group_drafts = group_drafts
-        self.group_drafts_error: str | None = None  # set when group drafting failed; it stays off from then on
-        # Chooses plain or SD per decode step when generate/step get no explicit strategy (needs a drafter).
+        # Chooses plain or SD per decode step when generate/step get no explicit strategy (needs a draft source).
         self.policy = policy  # validated by the setter below
         self.stats = DecodeStats()
         self.decode_costs = DecodeCosts()  # by batch-size group and arm, taken by whoever reports them
-        self._params_cache: tuple[tuple[int, ...], LogitsParams, list[Request]] | None = None
 
     @classmethod
     def from_pretrained(
@@ -159,9 +127,64 @@ class RolloutEngine:
         engine.set_drafter(drafter)
         return engine
 
+    # ----- parts, as callers and tests see them ---------------------------------------------------------
+
+    @property
+    def running(self) -> list[Request]:
+        return self.scheduler.running
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.scheduler.max_num_seqs
+
+    @max_num_seqs.setter
+    def max_num_seqs(self, value: int) -> None:
+        """Benchmarks resize the running batch between generate calls; the cache grows on demand."""
+        self.scheduler.max_num_seqs = value
+
+    @property
+    def cache(self):
+        return self.runner.cache
+
+    @property
+    def kernel_plan(self):
+        return self.runner.kernel_plan
+
+    @property
+    def graphs(self) -> StepGraphPool | None:
+        return self.runner.graphs
+
+    @property
+    def keyed_sampling(self) -> bool:
+        return self.sampler.keyed
+
+    @property
+    def drafter(self) -> Drafter | None:
+        return self.speculation.drafter
+
+    @property
+    def drafter_error(self) -> str | None:
+        return self.speculation.drafter_error
+
+    @property
+    def group_drafts(self) -> GroupDrafts | None:
+        return self.speculation.group_drafts
+
+    @group_drafts.setter
+    def group_drafts(self, group_drafts: GroupDrafts | None) -> None:
+        self.speculation.group_drafts, self.speculation.group_drafts_error = group_drafts, None
+
+    @property
+    def group_drafts_error(self) -> str | None:
+        return self.speculation.group_drafts_error
+
     def set_drafter(self, drafter: Drafter | None) -> None:
         """Attach (or with None, detach) the draft model used by speculative steps, between generate calls."""
-        if self.running or self.waiting:
+        if self.scheduler.has_unfinished():
             raise RuntimeError(
                 "Cannot change the drafter while requests are in flight: the new drafter has not seen their context"
             )
@@ -170,9 +193,7 @@ class RolloutEngine:
                 f"Drafter vocabulary ({drafter.vocab_size}) differs from the target's ({self.model.spec.vocab_size}); "
                 "the torch engine needs a drafter over the target's vocabulary"
             )
-        if self.drafter is not None:
-            self.drafter.reset()
-        self.drafter, self.drafter_error = drafter, None
+        self.speculation.set_drafter(drafter)
 
     @property
     def policy(self) -> Policy | None:
@@ -185,12 +206,6 @@ class RolloutEngine:
             for strategy in policy.strategies.values():
                 self._check_strategy(strategy, needs_drafter=False)
         self._policy = policy
-
-    def _ensure_group_drafts(self) -> None:
-        if self.group_drafts is None:
-            if self.running:  # requests admitted before this have no documents: they draft nothing
-                logger.warning("Group drafts start with %d requests running; those draft nothing", len(self.running))
-            self.group_drafts = GroupDrafts()
 
     # ----- requests -----------------------------------------------------------------------------------------
 
@@ -214,20 +229,13 @@ class RolloutEngine:
         group: Hashable | None = None,
     ) -> str:
         """Queue a prompt that `_check_prompt` has passed."""
-        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
-        generator = None
-        if params.seed is not None and not self.keyed_sampling:
-            generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        request_id = request_id if request_id is not None else self.scheduler.new_request_id()
+        generator = self.sampler.request_generator(params)
         request = Request(request_id, [int(t) for t in prompt_ids], params, generator, self.max_model_len)
-        request.stop_ids = self._stop_ids(params)
+        stop_ids = params.stop_token_ids
+        request.stop_ids = frozenset(stop_ids) if params.ignore_eos else self.eos_token_ids.union(stop_ids)
         request.group = group
-        with self._lock:
-            if self.keyed_sampling:  # drawn under the lock: keys follow the order requests arrive in
-                seed = params.seed
-                if seed is None:
-                    seed = int(torch.randint(0, 1 << 62, (1,), generator=self.generator, device=self.device))
-                request.noise_key = request_key(seed)
-            self.waiting.append(request)
+        self.scheduler.enqueue(request, self.sampler.assign_key)
         return request_id
 
     def _check_prompt(self, prompt_ids: Sequence[int]) -> None:
@@ -245,15 +253,10 @@ class RolloutEngine:
 
     def abort(self, request_id: str) -> None:
         """Finish a request early with finish_reason 'abort' at the next step."""
-        with self._lock:
-            self._aborted.add(request_id)
+        self.scheduler.abort(request_id)
 
     def has_unfinished(self) -> bool:
-        return bool(self.running or self.waiting)
-
-    @property
-    def num_running(self) -> int:
-        return len(self.running)
+        return self.scheduler.has_unfinished()
 
     # ----- stepping ----------------------------------------------------------------------------------------
 
@@ -266,13 +269,13 @@ class RolloutEngine:
         ignore it. Any step may switch, for any batch.
         """
         spec = self._check_strategy(strategy)
-        finished = self._collect_aborted()
-        admitted = self._admit()
+        finished = self.scheduler.collect_aborted()
+        admitted = self.scheduler.admit()
         if admitted:
             self._prefill(admitted)
-        elif self.running:
+        elif self.scheduler.running:
             self._decode_step(spec)
-        return finished + self._retire_finished()
+        return finished + self.scheduler.retire_finished(self._move_slot, self._on_retire)
 
     def generate(
         self,
@@ -307,7 +310,7 @@ class RolloutEngine:
                 progress.update(len(done))
         return [done[i] for i in ids]
 
-    # ----- weights -----------------------------------------------------------------------------------------
+    # ----- weights and memory ------------------------------------------------------------------------------
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Load updated weights (transformers names) between steps; returns how many tensors were loaded."""
@@ -315,21 +318,16 @@ class RolloutEngine:
 
     def reset(self) -> None:
         """Drop every request (waiting and running) without outputs; used after an unrecoverable step error."""
-        with self._lock:
-            self.waiting.clear()
-            self._aborted.clear()
-        self.running, self.cache_lens = [], []
+        self.scheduler.reset()
         if self.drafter is not None:
             self.drafter.reset()
         if self.group_drafts is not None:
             self.group_drafts.reset()
 
     def release_cache(self) -> None:
-        if self.running or self.waiting:
+        if self.scheduler.has_unfinished():
             raise RuntimeError("Cannot release the KV cache while requests are in flight")
-        if self.graphs is not None:
-            self.graphs.reset()  # they point into the cache
-        self.cache.release()
+        self.runner.release_cache()
         if self.drafter is not None:
             self.drafter.release_cache()
 
@@ -344,188 +342,73 @@ class RolloutEngine:
         if self.policy is not None:
             widths = {strategy.tree_tokens + 1 for strategy in self.policy.strategies.values()}
             verify_max_batch = self.policy.threshold
-        self.graphs = StepGraphPool(
-            self.model,
-            self.cache,
-            self.model.spec.head_dim,
-            self.dtype,
-            batch_buckets=graph_batch_buckets(self.max_num_seqs),
-            widths=widths,
-            verify_max_batch=verify_max_batch,
-            min_slots=self.max_num_seqs,
-            capture=capture,
-        )
-        self._wants_graphs = True
-        return self.graphs
+        return self.runner.enable_step_graphs(self.max_num_seqs, widths, verify_max_batch, capture)
 
-    # ----- internals ---------------------------------------------------------------------------------------
-
-    def _admit(self) -> list[Request]:
-        admitted = []
-        with self._lock:
-            while self.waiting and len(self.running) + len(admitted) < self.max_num_seqs:
-                admitted.append(self.waiting.popleft())
-        return admitted
+    # ----- one step ----------------------------------------------------------------------------------------
 
     def _prefill(self, requests: list[Request]) -> None:
-        row_start = len(self.running)
+        hidden = self.runner.prefill([r.prompt_ids for r in requests], row_start=self.num_running)  # [N, T, H]
         lengths = [len(r.prompt_ids) for r in requests]
-        seq = max(lengths)
-        self.cache.ensure_capacity(row_start + len(requests), seq + 1)
-        input_ids = torch.zeros(len(requests), seq, dtype=torch.long, device=self.device)
-        for row, request in enumerate(requests):
-            input_ids[row, : lengths[row]] = torch.tensor(request.prompt_ids, device=self.device)
-        positions = torch.arange(seq, device=self.device).expand(len(requests), seq)
-        causal = torch.ones(seq, seq, dtype=torch.bool, device=self.device).tril()
-        mask = causal.expand(len(requests), 1, seq, seq)
-        hidden = self._forward("prefill", input_ids, positions, row_start, positions, mask)  # [N, T, H]
         last = torch.tensor(lengths, device=self.device) - 1
-        logits = self.model.logits(hidden[torch.arange(len(requests)), last])  # [N, V]
-        if self._records_hidden:
+        logits = self.runner.logits(hidden[torch.arange(len(requests)), last])  # [N, V]
+        if self.speculation.records_hidden:
             for row, request in enumerate(requests):
                 request.pending_hidden.append(hidden[row, : lengths[row]].clone())
-        self.running.extend(requests)
-        self.cache_lens.extend(lengths)
-        self._emit(requests, logits)
+        self.scheduler.start(requests)
+        self.sampler.emit(requests, logits)
         if self.group_drafts is not None:
             self.group_drafts.admit(requests)
 
     def _decode(self) -> None:
-        lens = torch.tensor(self.cache_lens, device=self.device)  # [B]
-        self.cache.ensure_capacity(len(self.running), max(self.cache_lens) + 1)
-        input_ids = torch.tensor([[r.output_ids[-1]] for r in self.running], device=self.device)
-        positions = lens.unsqueeze(-1)  # [B, 1]
-        kv_len = int(lens.max()) + 1
-        mask = (torch.arange(kv_len, device=self.device) <= positions).view(len(self.running), 1, 1, kv_len)
-        hidden = self._forward("decode", input_ids, positions, 0, positions, mask)
-        logits = self.model.logits(hidden[:, -1])
-        self.cache_lens = [n + 1 for n in self.cache_lens]
-        for row, request in enumerate(self.running):
+        running = self.scheduler.running
+        hidden = self.runner.decode([r.output_ids[-1] for r in running], self.scheduler.cache_lens)
+        logits = self.runner.logits(hidden[:, -1])
+        self.scheduler.cache_lens = [n + 1 for n in self.scheduler.cache_lens]
+        records_hidden = self.speculation.records_hidden
+        for row, request in enumerate(running):
             request.num_decode_steps += 1
-            if self._records_hidden:
+            if records_hidden:
                 request.pending_hidden.append(hidden[row, -1:].clone())
-        self._emit(self.running, logits)
+        self.sampler.emit(running, logits)
 
     def _decode_step(self, forced: SpecStrategy | None) -> None:
         """One decode step, plain or speculative; the adaptive policy (if any) chooses and learns."""
-        batch_size = len(self.running)
-        can_speculate = self._can_draft_with_drafter or self._can_draft_from_groups
-        asks_policy = forced is None and self.policy is not None and can_speculate
+        if self.runner.wants_graphs and self.runner.graphs is None:
+            self.enable_step_graphs()
+        running = self.scheduler.running
+        batch_size = len(running)
+        asks_policy = forced is None and self.policy is not None and self.speculation.can_speculate
         strategy = self.policy.select(batch_size) if asks_policy else forced
-        if strategy is not None and not self._can_draft(strategy):
+        if strategy is not None and not self.speculation.can_draft(strategy):
             strategy = None  # its source failed earlier: plain decoding (the policy learns the plain step's rate)
-        before = sum(len(r.output_ids) for r in self.running)
+        before = sum(len(r.output_ids) for r in running)
         start = time.perf_counter()
-        if strategy is not None and not self._decode_speculative(strategy):
-            strategy = None  # the drafter failed: this step (and the following ones) decode plainly
-        if strategy is None:
-            self._decode()
+        if strategy is None or not self.speculation.run(strategy, self.scheduler, self.stats):
+            if strategy is not None and not self.speculation.can_draft(strategy):
+                strategy = None  # the source failed in this step: it (and the following ones) decode plainly
+            self._decode()  # else no row had a draft: a plain step, judged as the strategy's
         seconds = time.perf_counter() - start
-        committed = sum(len(r.output_ids) for r in self.running) - before
+        committed = sum(len(r.output_ids) for r in running) - before
         if asks_policy:
             self.policy.observe(strategy, batch_size, committed, seconds)
         self.stats.record(strategy, batch_size, committed, seconds, self.policy)
         self.decode_costs.record(PLAIN if strategy is None else strategy.name, batch_size, committed, seconds)
 
-    def _decode_speculative(self, strategy: SpecStrategy) -> bool:
-        """Draft a tree per running row, verify all nodes in one target forward, commit what is accepted.
+    def _move_slot(self, src: int, dst: int, length: int) -> None:
+        self.runner.move_slot(src, dst, length)
+        if self.drafter is not None:
+            self.drafter.move_slot(src, dst)
 
-        Returns False, having changed nothing in the target's state, if the drafter fails: a broken drafter turns
-        speculation off (until `set_drafter`) instead of failing the requests.
-        """
-        requests = self.running
-        params = self._logits_params(requests)
-        noise = self._keyed_noise(requests, params, strategy.depth + 1, self.model.spec.vocab_size)
-        try:
-            if strategy.source == EAGLE:
-                tree = draft_trees(self.drafter, requests, strategy, params, self.generator, self.device, noise)
-                group_levels = None
-            else:
-                tree, group_levels = group_draft_trees(
-                    self.group_drafts, self.drafter, requests, strategy, params, self.generator, self.device, noise
-                )
-        except Exception as error:
-            self._disable_source(strategy, error)
-            return False
-        if tree is None:  # no row's group had a match: nothing to verify, a plain step (judged as the strategy's)
-            self._decode()
-            return True
-        lens = torch.tensor(self.cache_lens, device=self.device)
-        self.cache.ensure_capacity(len(requests), max(self.cache_lens) + tree.num_nodes)
-        positions, write_pos, mask = tree_forward_layout(tree, lens)
-        hidden = self._forward("verify", tree.tokens, positions, 0, write_pos, mask)  # [B, N+1, H]
-        logits = self.model.logits(hidden)  # [B, N+1, V]
-        processed = params.process(logits)
-        if noise is None:
-            generators = [r.generator for r in requests]
-            results = verify_tree(tree, processed, params.is_greedy, generators, self.generator)
-        else:
-            results = verify_keyed(tree, processed, noise)
-        moves = accepted_path_moves(results, self.cache_lens, self.device)
-        if moves is not None:
-            self.cache.compact_rows(*moves)
-        rows, nodes, tokens = emitted_positions(results, logits.device)
-        source = logits if self.raw_logprobs else processed
-        log_probs = token_log_probs(source[rows, nodes], tokens).tolist()
-        self.stats.record_sources(*draft_sources(strategy, tree, results, group_levels))
-        offset = 0
-        for row, (request, result) in enumerate(zip(requests, results, strict=True)):
-            self._commit(request, result.tokens, log_probs[offset : offset + len(result.tokens)])
-            offset += len(result.tokens)
-            self.cache_lens[row] += len(result.path)
-            request.num_decode_steps += 1
-            request.num_verify_steps += 1
-            request.num_draft_tokens += tree.num_nodes - 1
-            request.num_accepted_tokens += result.num_accepted
-            if self._records_hidden:
-                request.pending_hidden.append(hidden[row, result.path])
-        return True
-
-    def _disable_source(self, strategy: SpecStrategy, error: Exception) -> None:
-        """A draft source failed: it stays off (the drafter until `set_drafter`, group drafts for good) and the step
-        decodes plainly. A mixed step's failure is the drafter's unless the group drafts raised it."""
-        if strategy.uses_drafter and not isinstance(error, GroupDraftError):
-            logger.exception("Drafter failed; this engine decodes plainly until a drafter is set again")
-            self._disable_drafter(error)
-        else:
-            logger.exception("Group drafts failed; this engine drafts from groups no more")
-            self.group_drafts_error = f"{type(error).__name__}: {error}"
-            self.stats.drafter_failures += 1
-
-    @property
-    def _can_draft_with_drafter(self) -> bool:
-        return self.drafter is not None and self.drafter_error is None
-
-    @property
-    def _can_draft_from_groups(self) -> bool:
-        return self.group_drafts is not None and self.group_drafts_error is None
-
-    def _can_draft(self, strategy: SpecStrategy) -> bool:
-        if strategy.source == EAGLE:
-            return self._can_draft_with_drafter
-        if strategy.uses_drafter:  # mixed
-            return self._can_draft_with_drafter and self._can_draft_from_groups
-        return self._can_draft_from_groups
-
-    def _disable_drafter(self, error: Exception) -> None:
-        self.drafter_error = f"{type(error).__name__}: {error}"
-        self.stats.drafter_failures += 1
-        for request in self.running:  # whatever the drafter had consumed is gone with it
-            request.num_drafter_synced, request.pending_hidden = 0, []
-
-    def _commit(self, request: Request, tokens: list[int], log_probs: list[float]) -> None:
-        """Append tokens until the request finishes (EOS/stop/max inside a draft: nothing after it is kept)."""
-        for token, log_prob in zip(tokens, log_probs, strict=True):
-            if request.finish_reason is not None:
-                return
-            request.append(token, log_prob, request.stop_ids)
+    def _on_retire(self, request: Request) -> None:
+        if self.group_drafts is not None:
+            self.group_drafts.retire(request)
 
     def _check_strategy(self, strategy: SpecStrategy | str | None, needs_drafter: bool = True) -> SpecStrategy | None:
         if strategy is None:
             return None
         spec = SpecStrategy.parse(strategy)
         if spec.uses_group_drafts:
-            self._ensure_group_drafts()
+            self.speculation.ensure_group_drafts(self.num_running)
         if needs_drafter and spec.uses_drafter and self.drafter is None:
             raise ValueError(
                 f"Speculative strategy {spec.name!r} needs a drafter: pass drafter=... to RolloutEngine(...) or "
@@ -542,96 +425,3 @@ class RolloutEngine:
                 f"Speculative strategy {spec.name!r}: top_k exceeds the vocabulary ({self.model.spec.vocab_size})"
             )
         return spec
-
-    @property
-    def _records_hidden(self) -> bool:
-        return self.drafter is not None and self.drafter_error is None and self.drafter.uses_hidden_states
-
-    def _forward(self, kind: str, input_ids, positions, row_start, write_pos, mask) -> torch.Tensor:
-        cos, sin = self.model.rotary_tables(positions, self.dtype, max_position=mask.shape[-1])
-        batch = AttentionBatch(row_start=row_start, write_pos=write_pos, attn_mask=mask, cos=cos, sin=sin)
-        if kind != "prefill" and row_start == 0 and self._wants_graphs:
-            graphs = self.graphs or self.enable_step_graphs()
-            if graphs.serves(input_ids.shape[1], input_ids.shape[0]):
-                return graphs.run(input_ids, positions, write_pos, mask, cos, sin)
-        if self.compiled is not None:
-            return self.compiled(kind, input_ids, positions, batch, self.cache.k, self.cache.v)
-        return self.model(input_ids, positions, batch, self.cache.k, self.cache.v)
-
-    def _emit(self, requests: list[Request], logits: torch.Tensor) -> None:
-        params = self._logits_params(requests)
-        noise = self._keyed_noise(requests, params, 1, logits.shape[-1])
-        tokens, log_probs = sample_tokens(
-            logits,
-            requests,
-            params,
-            self.generator,
-            raw_logprobs=self.raw_logprobs,
-            noise=None if noise is None else noise[:, 0],
-        )
-        for request, token, log_prob in zip(requests, tokens, log_probs, strict=True):
-            if request.finish_reason is None:  # an aborted row waits for retirement without growing (as _commit)
-                request.append(token, log_prob, request.stop_ids)
-
-    def _keyed_noise(
-        self, requests: list[Request], params: LogitsParams, width: int, vocab_size: int
-    ) -> torch.Tensor | None:
-        """[B, width, V] keyed Gumbel noise for the next `width` token positions of every row (zero on greedy rows),
-        or None when sampling is not keyed or every row is greedy."""
-        greedy = params.greedy_rows
-        if not self.keyed_sampling or all(greedy):
-            return None
-        keys = np.array([r.noise_key for r in requests], dtype=np.uint64)
-        positions = np.array([r.num_tokens for r in requests], dtype=np.int64)[:, None] + np.arange(width)
-        noise = gumbel_noise(keys, positions, vocab_size, self.device)
-        if any(greedy):
-            noise.masked_fill_(params.is_greedy.view(-1, 1, 1), 0.0)
-        return noise
-
-    def _logits_params(self, requests: list[Request]) -> LogitsParams:
-        """Sampling parameters of `requests` as tensors, rebuilt only when the batch composition changes."""
-        # Keyed by object identity; the cache keeps the requests alive, so their ids cannot be reused meanwhile.
-        key = tuple(map(id, requests))
-        if self._params_cache is None or self._params_cache[0] != key:
-            self._params_cache = (key, LogitsParams(*params_tensors(requests, self.device)), list(requests))
-        return self._params_cache[1]
-
-    def _stop_ids(self, params: SamplingParams) -> frozenset[int]:
-        stop_ids = params.stop_token_ids
-        return frozenset(stop_ids) if params.ignore_eos else self.eos_token_ids.union(stop_ids)
-
-    def _collect_aborted(self) -> list[CompletionOutput]:
-        with self._lock:
-            aborted, self._aborted = self._aborted, set()
-            if not aborted:
-                return []
-            dropped = [r for r in self.waiting if r.request_id in aborted]
-            self.waiting = deque(r for r in self.waiting if r.request_id not in aborted)
-        for request in self.running:
-            if request.request_id in aborted and request.finish_reason is None:
-                request.finish_reason = "abort"
-        for request in dropped:
-            request.finish_reason = "abort"
-        return [r.to_output() for r in dropped]
-
-    def _retire_finished(self) -> list[CompletionOutput]:
-        """Remove finished requests from the running batch, keeping slots compact."""
-        outputs = []
-        row = 0
-        while row < len(self.running):
-            request = self.running[row]
-            if request.finish_reason is None:
-                row += 1
-                continue
-            outputs.append(request.to_output())
-            if self.group_drafts is not None:
-                self.group_drafts.retire(request)
-            last = len(self.running) - 1
-            if row != last:
-                self.cache.move_slot(last, row, self.cache_lens[last])
-                if self.drafter is not None:
-                    self.drafter.move_slot(last, row)
-                self.running[row], self.cache_lens[row] = self.running[last], self.cache_lens[last]
-            self.running.pop()
-            self.cache_lens.pop()
-        return outputs

@@ -144,7 +144,7 @@ def test_compile_option_reaches_the_engine(tiny_qwen2):  # noqa: F811
             server = bare_server(tiny_qwen2[0], compile=flag)
             server._run_engine = lambda: None  # no engine loop needed
             server.init_engine()
-            assert (server.engine.compiled is not None) is flag
+            assert (server.engine.runner.compiled is not None) is flag
     finally:
         torch.set_num_threads(previous)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from verl_tlt.engine.cpu_kernels import CPU_KERNEL_MODES
-from verl_tlt.engine.engine import SAMPLING_MODES
+from verl_tlt.engine.sampler import SAMPLING_MODES
 from verl_tlt.strict_config import build_config
 
 # Where verl users set these keys (every error message names the full path).
