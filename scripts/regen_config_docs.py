@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_tlt.config import ROOT_KEY, TLTConfig
-from verl_tlt.integrations.verl.torch_rollout_config import TORCH_ENGINE_KWARGS_KEY, TorchRolloutConfig
+from verl_tlt.integrations.torch_rollout.options import TORCH_ENGINE_KWARGS_KEY, TorchRolloutConfig
 from verl_tlt.strict_config import field_default, format_value, is_config_group, type_name
 
 ROOT = Path(__file__).resolve().parent.parent

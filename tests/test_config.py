@@ -346,7 +346,7 @@ def test_docs_table_matches_its_dataclass(name):
 
 
 def test_docs_tables_cover_the_tlt_block_and_the_torch_rollout_options():
-    from verl_tlt.integrations.verl.torch_rollout_config import TorchRolloutConfig
+    from verl_tlt.integrations.torch_rollout.options import TorchRolloutConfig
 
     assert {cls for cls, _ in regen.DOCS_TABLES.values()} == {TLTConfig, TorchRolloutConfig}
 

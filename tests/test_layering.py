@@ -25,15 +25,16 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "verl_tlt"
 # Bottom to top. A unit is a top-level module or sub-package of verl_tlt (`integrations.<framework>` for glue).
 # A module may import its own unit and the units of lower layers; units of one layer do not import each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("spec", "files", "progress", "commands", "strict_config"),
+    ("spec", "files", "progress", "commands", "strict_config", "request_seeds"),
     # The speculation decision (gate, policies, decode counters): pure Python, below the config that feeds it.
     ("policy",),
     ("config", "metrics"),
     ("modeling",),
     ("drafter",),
     ("engine",),
-    # The vLLM backend (TLT server over verl's vLLM rollout) sits below the verl glue that drives both backends.
-    ("integrations.vllm",),
+    # The two rollout backends, peers (neither imports the other): the torch engine's server, replica and adapter,
+    # and TLT over verl's vLLM rollout; both sit below the verl glue that drives them.
+    ("integrations.torch_rollout", "integrations.vllm"),
     ("integrations.verl",),
     ("warmup",),
     ("toy",),
@@ -42,7 +43,19 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli", "main_ppo", "hydra_conf"),
 )
 # Units that must exist (a renamed or deleted layer must be renamed here too, not silently drop out of the check).
-REQUIRED_UNITS = ("spec", "policy", "config", "modeling", "drafter", "engine", "integrations.verl", "cli", "main_ppo")
+REQUIRED_UNITS = (
+    "spec",
+    "policy",
+    "config",
+    "modeling",
+    "drafter",
+    "engine",
+    "integrations.torch_rollout",
+    "integrations.vllm",
+    "integrations.verl",
+    "cli",
+    "main_ppo",
+)
 
 FRAMEWORKS = ("verl", "ray", "vllm", "sglang")
 FRAMEWORK_FREE = (

@@ -16,12 +16,12 @@ from verl_tlt.integrations.verl.requirements import TORCH_ROLLOUT_NAME
 
 logger = logging.getLogger("verl_tlt")
 
-TORCH_ADAPTER_PATH = "verl_tlt.integrations.verl.torch_adapter.TorchServerAdapter"
+TORCH_ADAPTER_PATH = "verl_tlt.integrations.torch_rollout.adapter.TorchServerAdapter"
 REGISTERED: list[str] = []
 
 
 def _load_torch_replica():
-    from verl_tlt.integrations.verl.torch_replica import TorchReplica
+    from verl_tlt.integrations.torch_rollout.replica import TorchReplica
 
     return TorchReplica
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from verl_tlt.config import ROOT_KEY, TLTConfig, tlt_view
 from verl_tlt.integrations.verl.mode_selection import TLT_TRAINER_MODE, VERL_SYNC_MODE
-from verl_tlt.integrations.verl.request_seeds import SLOT_AGENT_LOOP
+from verl_tlt.request_seeds import SLOT_AGENT_LOOP
 
 # The rollout name of verl-tlt's torch engine (the plugin registers it), and verl's vLLM rollout: TLT runs on both.
 TORCH_ROLLOUT_NAME = "torch"

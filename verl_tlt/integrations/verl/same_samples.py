@@ -15,7 +15,7 @@ This module only names the settings (no verl import), so that a launcher can use
 
 from __future__ import annotations
 
-from verl_tlt.integrations.verl.request_seeds import SLOT_AGENT_LOOP
+from verl_tlt.request_seeds import SLOT_AGENT_LOOP
 
 SAMPLER_PATH = "pkg://verl_tlt.integrations.verl.slot_ordered_sampler"
 SAMPLER_NAME = "SlotOrderedReplayBuffer"

@@ -15,7 +15,8 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import register
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 
-from verl_tlt.integrations.verl.request_seeds import (
+from verl_tlt.integrations.verl.requirements import TORCH_ROLLOUT_NAME, tlt_config_of
+from verl_tlt.request_seeds import (
     GROUP_KWARG,
     SLOT_AGENT_LOOP,
     group_name,
@@ -23,7 +24,6 @@ from verl_tlt.integrations.verl.request_seeds import (
     slot_name,
     slot_seed,
 )
-from verl_tlt.integrations.verl.requirements import TORCH_ROLLOUT_NAME, tlt_config_of
 
 
 class _SeededRequests:

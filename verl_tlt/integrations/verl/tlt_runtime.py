@@ -30,12 +30,12 @@ from verl_tlt.drafter.capture_record import RecordedStep, save_step
 from verl_tlt.drafter.spot_schedule import SpotSchedule
 from verl_tlt.drafter.worker import FAULT_ENV, DrafterWorker
 from verl_tlt.files import write_json
+from verl_tlt.integrations.torch_rollout.options import torch_rollout_config
 from verl_tlt.integrations.verl.checkpoint_paths import checkpoint_root, resumed_folder, step_folder
 from verl_tlt.integrations.verl.coordinator import SpotCoordinator
 from verl_tlt.integrations.verl.drafter_pool import DrafterPool
-from verl_tlt.integrations.verl.request_seeds import rollout_seed
-from verl_tlt.integrations.verl.torch_rollout_config import torch_rollout_config
 from verl_tlt.metrics.rollout_metrics import rollout_metrics
+from verl_tlt.request_seeds import rollout_seed
 
 logger = logging.getLogger(__name__)
 # Like verl's own modules: INFO unless VERL_LOGGING_LEVEL says otherwise, so TLT's progress shows in the run log.

@@ -19,11 +19,11 @@ import torch
 
 from verl_tlt.config import rollout_tlt_view
 from verl_tlt.engine import CompletionOutput, RolloutEngine, SamplingParams
-from verl_tlt.integrations.verl.request_seeds import GROUP_KWARG, rollout_seed
-from verl_tlt.integrations.verl.torch_rollout_config import torch_rollout_config
+from verl_tlt.integrations.torch_rollout.options import torch_rollout_config
 from verl_tlt.metrics.rollout_trace import RolloutTrace, append_jsonl, weights_sha256
 from verl_tlt.modeling.model import UnsupportedModelError
 from verl_tlt.modeling.torch_threads import with_torch_threads
+from verl_tlt.request_seeds import GROUP_KWARG, rollout_seed
 
 logger = logging.getLogger(__name__)
 

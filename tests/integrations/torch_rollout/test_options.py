@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from verl_tlt.engine.sampler import SAMPLING_MODES
-from verl_tlt.integrations.verl.torch_rollout_config import TorchRolloutConfig, torch_rollout_config
+from verl_tlt.integrations.torch_rollout.options import TorchRolloutConfig, torch_rollout_config
 
 KEY = "actor_rollout_ref.rollout.engine_kwargs.torch"
 

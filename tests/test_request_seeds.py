@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from verl_tlt.integrations.verl.request_seeds import rollout_seed, slot_name, slot_seed
+from verl_tlt.request_seeds import rollout_seed, slot_name, slot_seed
 
 
 def test_slots_are_named_by_step_dataset_index_and_group_member():
@@ -33,7 +33,7 @@ def test_the_rollout_seed_reads_mappings_and_attribute_configs_and_treats_null_a
 
 
 def test_siblings_share_a_group_name_and_other_prompts_or_steps_do_not():
-    from verl_tlt.integrations.verl.request_seeds import group_name
+    from verl_tlt.request_seeds import group_name
 
     assert group_name(3, 7) == group_name(3.0, 7) == "3/7"
     assert len({group_name(3, 7), group_name(4, 7), group_name(3, 8)}) == 3
@@ -54,8 +54,8 @@ def test_group_drafts_send_the_group_and_route_siblings_by_it():
 
     import verl.experimental.agent_loop  # noqa: F401 - verl first, as in a run: it loads the plugin
 
-    from verl_tlt.integrations.verl.request_seeds import GROUP_KWARG
     from verl_tlt.integrations.verl.slot_seeded_agent_loop import _SeededRequests
+    from verl_tlt.request_seeds import GROUP_KWARG
 
     manager = _RecordingServerManager()
     for member, group in (("s0", "5/2"), ("s1", "5/2"), ("s0", None)):

@@ -8,7 +8,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from verl.workers.rollout.replica import RolloutReplica
 
-from verl_tlt.integrations.verl.torch_server import TorchRolloutServer
+from verl_tlt.integrations.torch_rollout.server import TorchRolloutServer
 
 SERVER_NAME_PREFIX = "torch_"
 

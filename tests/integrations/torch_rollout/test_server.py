@@ -13,8 +13,8 @@ import torch
 
 from tests.engine.conftest import tiny_qwen2  # noqa: F401
 from tests.openmp_probe import openmp_max_threads_probe
-from verl_tlt.integrations.verl import torch_server
-from verl_tlt.integrations.verl.torch_server import TorchRolloutServer, _build_engine
+from verl_tlt.integrations.torch_rollout import server as torch_server
+from verl_tlt.integrations.torch_rollout.server import TorchRolloutServer, _build_engine
 from verl_tlt.metrics.rollout_trace import RolloutTrace, weights_sha256
 from verl_tlt.modeling.model import UnsupportedModelError
 
@@ -204,7 +204,7 @@ def test_a_requests_group_reaches_the_engine_and_the_record_counts_groups(tiny_q
     import asyncio
     import itertools
 
-    from verl_tlt.integrations.verl.request_seeds import GROUP_KWARG
+    from verl_tlt.request_seeds import GROUP_KWARG
 
     server = bare_server(tiny_qwen2[0])
     server.config.custom = {"tlt": {"enabled": True, "speculative": {"group_drafts": True, "suffix_min_match": 2}}}

@@ -10,7 +10,7 @@ import ray
 import torch
 from verl.workers.rollout.base import BaseRollout
 
-from verl_tlt.integrations.verl.torch_replica import server_actor_name
+from verl_tlt.integrations.torch_rollout.replica import server_actor_name
 
 logger = logging.getLogger(__name__)
 
