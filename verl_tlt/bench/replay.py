@@ -2,11 +2,12 @@
 
 `bench adaptive` times real rollouts, and on a shared machine whole runs drift by more than the differences between
 policies (the same fixed strategy has measured 1.14x to 1.48x of plain between runs of one command). Here a policy
-decodes a simulated rollout instead. Requests with the recorded response lengths start together; every decode step
-asks the policy for a strategy at the running batch size (plain above its threshold) and draws that step's seconds
-and committed tokens per row from the steps recorded for that strategy at the nearest recorded batch size. The
-recording (`StepCosts`) comes from the real engine decoding the same rollout plainly and with each fixed strategy
-(`verl_tlt.bench.adaptive_bench.record_step_costs`). Draws are seeded: a policy's time depends only on the
+decodes a simulated rollout instead: the simulator's replica (`verl_tlt.sim.rollout.simulate_replica`) with a step
+model that draws from a recording (`RecordedSteps`). Requests with the recorded response lengths start together;
+every decode step asks the policy for a strategy at the running batch size (plain above its threshold) and draws
+that step's seconds and committed tokens per row from the steps recorded for that strategy at the nearest recorded
+batch size. The recording (`StepCosts`) comes from the real engine decoding the same rollout plainly and with each
+fixed strategy (`verl_tlt.bench.adaptive_bench.record_step_costs`). Draws are seeded: a policy's time depends only on the
 recording and the seed, and the mean over seeds is its expected rollout time.
 
 Modelled: the batch shrinking as requests finish (each row advances by the step's tokens per row, rounded up or
@@ -29,6 +30,7 @@ from verl_tlt.config import SpeculativeConfig
 from verl_tlt.files import write_json
 from verl_tlt.policy import PLAIN, AdaptivePolicy, FixedBelowThreshold
 from verl_tlt.progress import Progress
+from verl_tlt.sim.rollout import simulate_replica
 
 
 def nearest_batch_size(sizes: Iterable[int], batch_size: int) -> int:
@@ -92,35 +94,52 @@ class StepCosts:
         )
 
 
-def replay(policy, costs: StepCosts, rng: random.Random) -> float:
-    """Decode the recorded rollout with `policy` (select / observe, as the engine drives it); return its seconds."""
-    remaining = [length for length in costs.lengths if length > 0]
-    unseen = [costs.prompt_tokens] * len(remaining)  # tokens the drafter has not consumed, per row
-    seconds_total = 0.0
-    while remaining:
-        batch_size = len(remaining)
-        strategy = policy.select(batch_size)
+class RecordedSteps:
+    """The simulator's step model (`verl_tlt.sim.rollout.StepModel`) over a recording: each step's seconds and
+    tokens per row are drawn from the recorded steps of the strategy the policy picks (None: always plain), plus the
+    drafter's catch-up on the tokens it has not seen.
+
+    Every row starts with the mean prompt unseen by the drafter, gains one unseen token per plain step and none after
+    a speculative step, so one count serves all rows. A speculative step's tokens per row are rounded up or down at
+    random per row to keep the recorded mean, and are at least one.
+    """
+
+    def __init__(self, policy, costs: StepCosts, rng: random.Random):
+        self.policy, self.costs, self.rng = policy, costs, rng
+        self.unseen = costs.prompt_tokens  # tokens the drafter has not consumed, per running row
+        self._strategy = None
+
+    def step(self, batch: int, kv_tokens: int = 0) -> tuple[float, float | list[float], str]:
+        strategy = self._strategy = self.policy.select(batch) if self.policy is not None else None
         name = PLAIN if strategy is None else strategy.name
-        tokens_per_row, seconds = costs.draw(name, batch_size, rng)
+        tokens_per_row, seconds = self.costs.draw(name, batch, self.rng)
         if strategy is None:
-            advance = [1] * batch_size
-            unseen = [tokens + 1 for tokens in unseen]
-        else:
-            seconds += costs.catch_up_s_per_token * sum(unseen)
-            whole = int(tokens_per_row)  # a speculative step commits at least one token per row
-            advance = [max(1, whole + (rng.random() < tokens_per_row - whole)) for _ in range(batch_size)]
-            unseen = [0.0] * batch_size
-        committed = [min(step, left) for step, left in zip(advance, remaining, strict=True)]
-        policy.observe(strategy, batch_size, sum(committed), seconds)
-        seconds_total += seconds
-        kept = [row for row, (left, done) in enumerate(zip(remaining, committed, strict=True)) if left > done]
-        remaining = [remaining[row] - committed[row] for row in kept]
-        unseen = [unseen[row] for row in kept]
-    return seconds_total
+            self.unseen += 1
+            return seconds, 1.0, name
+        seconds += self.costs.catch_up_s_per_token * self.unseen * batch
+        self.unseen = 0.0
+        whole = int(tokens_per_row)
+        return (
+            seconds,
+            [float(max(1, whole + (self.rng.random() < tokens_per_row - whole))) for _ in range(batch)],
+            name,
+        )
+
+    def observe(self, batch: int, committed: float, seconds: float) -> None:
+        if self.policy is not None:
+            self.policy.observe(self._strategy, batch, round(committed), seconds)
+
+
+def replay(policy, costs: StepCosts, rng: random.Random) -> float:
+    """Decode the recorded rollout with `policy` (select / observe, as the engine drives it; None: plain) on the
+    simulator's replica, every request there from the start; return its seconds."""
+    lengths = [length for length in costs.lengths if length > 0]
+    timeline, _ = simulate_replica(lengths, RecordedSteps(policy, costs, rng), max_num_seqs=len(lengths))
+    return timeline.drained_s
 
 
 def expected_seconds(
-    make_policy: Callable[[int], object],
+    make_policy: Callable[[int], object | None],
     costs: StepCosts,
     seeds: int,
     warm: bool = False,
@@ -139,14 +158,6 @@ def expected_seconds(
     return statistics.fmean(times)
 
 
-class _Plain:
-    def select(self, batch_size: int) -> None:
-        return None
-
-    def observe(self, *args) -> None:
-        pass
-
-
 def compare(config: SpeculativeConfig, costs: StepCosts, seeds: int, progress: Progress | None = None) -> dict:
     """Plain, each fixed strategy at or below the threshold, and the adaptive policy (cold and warm) on the replay:
     expected seconds and the ratios `bench adaptive` reports. `progress` advances by one per replayed seed, of
@@ -155,7 +166,7 @@ def compare(config: SpeculativeConfig, costs: StepCosts, seeds: int, progress: P
     def adaptive(seed: int) -> AdaptivePolicy:
         return AdaptivePolicy(SpeculativeConfig(**{**config.__dict__, "seed": seed}))
 
-    seconds = {PLAIN: expected_seconds(lambda _: _Plain(), costs, seeds, progress=progress)}
+    seconds = {PLAIN: expected_seconds(lambda _: None, costs, seeds, progress=progress)}
     for strategy in config.strategies:
         fixed = lambda _, strategy=strategy: FixedBelowThreshold(strategy, config.threshold)  # noqa: E731
         seconds[strategy] = expected_seconds(fixed, costs, seeds, progress=progress)
