@@ -7,8 +7,8 @@ model that draws from a recording (`RecordedSteps`). Requests with the recorded 
 every decode step asks the policy for a strategy at the running batch size (plain above its threshold) and draws
 that step's seconds and committed tokens per row from the steps recorded for that strategy at the nearest recorded
 batch size. The recording (`StepCosts`) comes from the real engine decoding the same rollout plainly and with each
-fixed strategy (`verl_tlt.bench.adaptive_bench.record_step_costs`). Draws are seeded: a policy's time depends only on the
-recording and the seed, and the mean over seeds is its expected rollout time.
+fixed strategy (`verl_tlt.bench.adaptive_bench.record_step_costs`). Draws are seeded: a policy's time depends only
+on the recording and the seed, and the mean over seeds is its expected rollout time.
 
 Modelled: the batch shrinking as requests finish (each row advances by the step's tokens per row, rounded up or
 down at random to keep the mean, capped by what the row has left); the catch-up, where the first speculative step
