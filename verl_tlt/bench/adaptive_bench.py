@@ -218,6 +218,34 @@ def run(
     rollout = toy_rollout(num_requests, max_tokens, config.strategies[0], device=device, cuda_graphs=cuda_graphs)
     target, drafter_dir, engine, prompts, params = rollout
     warm_policies = []
+    variants = _variants(engine, prompts, params, config, warm_policies)
+    progress = Progress("bench adaptive", repeats * len(variants), unit="timed runs")
+    best, round_seconds = interleaved_best(repeats, variants, progress)
+    comparison = _comparison(best, round_seconds, config, num_requests)
+    result = {
+        "benchmark": "adaptive",
+        "target": str(target),
+        "drafter": str(drafter_dir),
+        "num_requests": num_requests,
+        "num_tokens": comparison.pop("num_tokens"),
+        "max_tokens": max_tokens,
+        "repeats": repeats,
+        "device": device,
+        "cuda_graphs": engine.graphs.memory_report() if engine.graphs is not None else None,
+        "torch_threads": torch.get_num_threads(),
+        "policy": {k: list(v) if isinstance(v, tuple) else v for k, v in config.__dict__.items()},
+        **comparison,
+        "final_policy_state": warm_policies[-1].state(),
+    }
+    _print_summary(result)
+    if json_path:
+        write_json(json_path, result)
+    return result
+
+
+def _variants(engine: RolloutEngine, prompts, params, config: SpeculativeConfig, warm_policies: list) -> dict:
+    """The timed runs of one round: plain, each fixed strategy, plain again (the noise), adaptive cold and warm
+    (each warm policy is appended to `warm_policies`)."""
 
     def cold_run():
         return timed_run(engine, prompts, params, AdaptivePolicy(config))
@@ -236,9 +264,11 @@ def run(
     # is the machine's noise alone. Placed mid-round, as far from "plain" as a fixed strategy is from adaptive.
     variants[PLAIN_AGAIN] = variants["plain"]
     variants["adaptive_cold"], variants["adaptive"] = cold_run, warm_run
-    progress = Progress("bench adaptive", repeats * len(variants), unit="timed runs")
-    best, round_seconds = interleaved_best(repeats, variants, progress)
+    return variants
 
+
+def _comparison(best: dict, round_seconds: dict, config: SpeculativeConfig, num_requests: int) -> dict:
+    """The ratios of the best runs (and per round), the above-threshold groups and their negative control."""
     plain_s, reference, plain_steps, _ = best["plain"]
     tokens = sum(len(o.token_ids) for o in reference)
     print(f"{'plain':>10}: {tokens / plain_s:8.1f} tok/s ({tokens} tokens, {num_requests} requests)", flush=True)
@@ -256,7 +286,6 @@ def run(
     adaptive_s, _, adaptive_steps, adaptive_stats = best["adaptive"]
     best_fixed = min(config.strategies, key=lambda s: runs[s]["seconds"])
     by_round = paired_ratios(round_seconds, best_fixed, "adaptive")
-    noise_by_round = paired_ratios(round_seconds, "plain", PLAIN_AGAIN)
     gate = config.gate
     above_s = sum(sum(times) for batch_size, times in adaptive_steps.items() if not gate.speculates(batch_size))
     # The negative control: above the threshold a fixed strategy decodes plainly like the plain run, plus a trivial
@@ -269,47 +298,41 @@ def run(
         }
         for strategy in config.strategies
     }
-    control_ratios = [ratio for groups in control.values() for ratio in groups.values()]
-    policy_share = round(adaptive_stats["policy_seconds_above_threshold"] / above_s, 5) if above_s else None
-    result = {
-        "benchmark": "adaptive",
-        "target": str(target),
-        "drafter": str(drafter_dir),
-        "num_requests": num_requests,
+    return {
         "num_tokens": tokens,
-        "max_tokens": max_tokens,
-        "repeats": repeats,
-        "device": device,
-        "cuda_graphs": engine.graphs.memory_report() if engine.graphs is not None else None,
-        "torch_threads": torch.get_num_threads(),
-        "policy": {k: list(v) if isinstance(v, tuple) else v for k, v in config.__dict__.items()},
         "runs": runs,
         "best_fixed_strategy": best_fixed,
         "adaptive_vs_best_fixed": round(runs[best_fixed]["seconds"] / adaptive_s, 3),
         "adaptive_vs_best_fixed_by_round": by_round,
         "adaptive_vs_best_fixed_median_round": statistics.median(by_round),
-        "plain_vs_plain_by_round": noise_by_round,
+        "plain_vs_plain_by_round": paired_ratios(round_seconds, "plain", PLAIN_AGAIN),
         "adaptive_vs_plain": round(plain_s / adaptive_s, 3),
         "adaptive_cold_vs_plain": round(plain_s / cold_s, 3),
         "worst_above_threshold_vs_plain": worst_above_threshold_ratio(plain_steps, adaptive_steps, config.threshold),
         "above_threshold_groups": above_threshold_groups(plain_steps, adaptive_steps, config.threshold),
-        "policy_share_above_threshold": policy_share,
+        "policy_share_above_threshold": (
+            round(adaptive_stats["policy_seconds_above_threshold"] / above_s, 5) if above_s else None
+        ),
         "fixed_vs_plain_above_threshold": control,
         "outputs_identical": identical,
         "adaptive_engine_stats": adaptive_stats,
-        "final_policy_state": warm_policies[-1].state(),
     }
+
+
+def _print_summary(result: dict) -> None:
+    runs, tokens = result["runs"], result["num_tokens"]
+    control_ratios = [
+        ratio for groups in result["fixed_vs_plain_above_threshold"].values() for ratio in groups.values()
+    ]
     print(
-        f"{'adaptive':>10}: {tokens / adaptive_s:8.1f} tok/s warm ({tokens / cold_s:.1f} cold), "
-        f"{result['adaptive_vs_plain']:.2f}x plain, "
-        f"{result['adaptive_vs_best_fixed']:.2f}x best fixed ({best_fixed}; per round {by_round}, median "
-        f"{result['adaptive_vs_best_fixed_median_round']}; plain against itself per round, the noise: "
-        f"{noise_by_round}); above the threshold adaptive steps "
-        f"run at {result['worst_above_threshold_vs_plain']}x plain speed (worst batch size), of which the policy's "
-        f"own calls take {policy_share} (fixed strategies, which decode plainly there too: "
-        f"{min(control_ratios, default=None)}-{max(control_ratios, default=None)}x); outputs identical: {identical}",
+        f"{'adaptive':>10}: {runs['adaptive']['tokens_per_s']:8.1f} tok/s warm "
+        f"({runs['adaptive_cold']['tokens_per_s']:.1f} cold), {result['adaptive_vs_plain']:.2f}x plain, "
+        f"{result['adaptive_vs_best_fixed']:.2f}x best fixed ({result['best_fixed_strategy']}; per round "
+        f"{result['adaptive_vs_best_fixed_by_round']}, median {result['adaptive_vs_best_fixed_median_round']}; plain "
+        f"against itself per round, the noise: {result['plain_vs_plain_by_round']}); above the threshold adaptive "
+        f"steps run at {result['worst_above_threshold_vs_plain']}x plain speed (worst batch size), of which the "
+        f"policy's own calls take {result['policy_share_above_threshold']} (fixed strategies, which decode plainly "
+        f"there too: {min(control_ratios, default=None)}-{max(control_ratios, default=None)}x); outputs identical: "
+        f"{result['outputs_identical']}; {tokens} tokens",
         flush=True,
     )
-    if json_path:
-        write_json(json_path, result)
-    return result

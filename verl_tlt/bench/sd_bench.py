@@ -106,32 +106,12 @@ def run(
     engine.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=8), strategy=strategies[0])  # warm-up
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0)
     if compile or cuda_graphs:
-        # Dynamo recompiles on first meeting some shape relations (batch vs cache rows, KV length at the cache's end);
-        # one untimed pass over every batch size and strategy keeps those compiles (and the CUDA-graph captures) out
-        # of the timed runs.
-        warm_up = Progress("bench sd, compile warm-up", len(batch_sizes) * (1 + len(strategies)), unit="passes")
-        for batch_size in batch_sizes:
-            engine.max_num_seqs = batch_size
-            for strategy in (None, *strategies):
-                engine.generate(prompts[:batch_size], params, strategy=strategy)
-                warm_up.advance()
+        _compile_warm_up(engine, prompts, params, strategies, batch_sizes)
     acceptance = {
         strategy: measure_acceptance(engine, prompts[:acceptance_prompts], strategy, max_tokens)
         for strategy in strategies
     }
-    rows = []
-    curve = Progress("bench sd, speedup curve", len(strategies) * len(batch_sizes) * rounds, unit="rounds")
-    for strategy in strategies:
-        for batch_size in batch_sizes:
-            batches = [prompts[r * batch_size : (r + 1) * batch_size] for r in range(rounds)]
-            row = {"strategy": strategy, **bench_batch(engine, batches, params, strategy, curve)}
-            rows.append(row)
-            print(
-                f"{strategy:>7} bs={batch_size:>3}: plain {row['plain_tokens_per_s']:>8.1f} tok/s, SD "
-                f"{row['sd_tokens_per_s']:>8.1f} tok/s, speedup {row['speedup']:.2f}x, acceptance "
-                f"{row['acceptance_length']:.2f}",
-                flush=True,
-            )
+    rows = _speedup_curve(engine, prompts, params, strategies, batch_sizes, rounds)
     result = {
         "benchmark": "sd",
         "target": str(target),
@@ -157,6 +137,35 @@ def run(
     if json_path:
         write_json(json_path, result)
     return result
+
+
+def _compile_warm_up(engine: RolloutEngine, prompts, params, strategies: list[str], batch_sizes: list[int]) -> None:
+    """Dynamo recompiles on first meeting some shape relations (batch vs cache rows, KV length at the cache's end);
+    one untimed pass over every batch size and strategy keeps those compiles (and the CUDA-graph captures) out of the
+    timed runs."""
+    warm_up = Progress("bench sd, compile warm-up", len(batch_sizes) * (1 + len(strategies)), unit="passes")
+    for batch_size in batch_sizes:
+        engine.max_num_seqs = batch_size
+        for strategy in (None, *strategies):
+            engine.generate(prompts[:batch_size], params, strategy=strategy)
+            warm_up.advance()
+
+
+def _speedup_curve(engine: RolloutEngine, prompts, params, strategies: list[str], batch_sizes: list[int], rounds: int):
+    rows = []
+    curve = Progress("bench sd, speedup curve", len(strategies) * len(batch_sizes) * rounds, unit="rounds")
+    for strategy in strategies:
+        for batch_size in batch_sizes:
+            batches = [prompts[r * batch_size : (r + 1) * batch_size] for r in range(rounds)]
+            row = {"strategy": strategy, **bench_batch(engine, batches, params, strategy, curve)}
+            rows.append(row)
+            print(
+                f"{strategy:>7} bs={batch_size:>3}: plain {row['plain_tokens_per_s']:>8.1f} tok/s, SD "
+                f"{row['sd_tokens_per_s']:>8.1f} tok/s, speedup {row['speedup']:.2f}x, acceptance "
+                f"{row['acceptance_length']:.2f}",
+                flush=True,
+            )
+    return rows
 
 
 def measure_acceptance(engine: RolloutEngine, prompts, strategy: str, max_tokens: int) -> dict[str, float]:

@@ -55,6 +55,50 @@ def bench_batch(plain, sd, rounds: list[list[list[int]]], max_tokens: int, progr
     }
 
 
+class _Setup:
+    """The cached toy target and drafter, the prompts and the engine options every measurement shares."""
+
+    def __init__(self, ks: list[int], batch_sizes: list[int], rounds: int, threshold: int, tail: int, max_len: int):
+        from verl_tlt.toy.drafter import ensure_toy_drafter, toy_prompts
+        from verl_tlt.toy.sft import ensure_toy_target
+
+        self.ks, self.rounds, self.threshold, self.tail = ks, rounds, threshold, tail
+        self.target, self.drafter = str(ensure_toy_target()), str(ensure_toy_drafter())
+        self.max_seqs = max(max(batch_sizes), tail)
+        self.prompts = toy_prompts(self.target, max(batch_sizes) * rounds + tail * (rounds + 1), PROBLEM_SEED)
+        self.tail_prompts = self.prompts[len(self.prompts) - tail * (rounds + 1) :]
+        self.common = {"max_num_seqs": self.max_seqs, "max_model_len": max_len}
+
+    def batches(self, batch_size: int) -> list[list[list[int]]]:
+        return [self.prompts[r * batch_size : (r + 1) * batch_size] for r in range(self.rounds)]
+
+    def plain_engine(self):
+        from verl_tlt.integrations.vllm.local_engine import LocalVllmEngine
+
+        engine = LocalVllmEngine(self.target, **self.common)
+        engine.generate(self.prompts[:2], 8)
+        return engine
+
+    def sd_engine(self, k: int, *, gated: bool, adaptive: bool = False):
+        """K=k at every batch size (gated: TLT's schedule, plain above the threshold); k=0 with adaptive: TLT's
+        K policy over every K."""
+        from verl_tlt.integrations.vllm.local_engine import LocalVllmEngine
+
+        chains = (k,) if k else tuple(self.ks)
+        speculative = SpeculativeConfig(threshold=self.threshold, strategies=tuple(f"{d}_1_{d}" for d in chains))
+        schedule = None if gated else [[1, self.max_seqs, k]]
+        engine = LocalVllmEngine(
+            self.target,
+            drafter_dir=self.drafter,
+            speculative=speculative,
+            schedule=schedule,
+            adaptive=adaptive,
+            **self.common,
+        )
+        engine.generate(self.prompts[:2], 8)
+        return engine
+
+
 def run(
     json_path: str | None,
     ks: list[int],
@@ -66,87 +110,78 @@ def run(
     long_tail_prompts: int = 64,
     max_model_len: int = 1024,
 ) -> dict:
-    from verl_tlt.integrations.vllm.local_engine import LocalVllmEngine
-    from verl_tlt.toy.drafter import ensure_toy_drafter, toy_prompts
-    from verl_tlt.toy.sft import ensure_toy_target
-
-    target, drafter = str(ensure_toy_target()), str(ensure_toy_drafter())
-    max_seqs = max(max(batch_sizes), long_tail_prompts)
-    prompts = toy_prompts(target, max(batch_sizes) * rounds + long_tail_prompts * (rounds + 1), PROBLEM_SEED)
-    tail_prompts = prompts[len(prompts) - long_tail_prompts * (rounds + 1) :]
-    common = {"max_num_seqs": max_seqs, "max_model_len": max_model_len}
-
-    def batches(batch_size: int) -> list[list[list[int]]]:
-        return [prompts[r * batch_size : (r + 1) * batch_size] for r in range(rounds)]
-
-    def sd_engine(k: int, *, gated: bool, adaptive: bool = False) -> LocalVllmEngine:
-        chains = (k,) if k else tuple(ks)
-        speculative = SpeculativeConfig(threshold=threshold, strategies=tuple(f"{d}_1_{d}" for d in chains))
-        schedule = None if gated else [[1, max_seqs, k]]
-        engine = LocalVllmEngine(
-            target, drafter_dir=drafter, speculative=speculative, schedule=schedule, adaptive=adaptive, **common
-        )
-        engine.generate(prompts[:2], 8)
-        return engine
-
-    gate = SpeculationGate(threshold)
-    gated_sizes = [b for b in batch_sizes if not gate.speculates(b)]
+    setup = _Setup(ks, batch_sizes, rounds, threshold, long_tail_prompts, max_model_len)
+    gated_sizes = [b for b in batch_sizes if not SpeculationGate(threshold).speculates(b)]
     progress = Progress(
         "bench sd vllm",
         rounds * (len(ks) * len(batch_sizes) + len(ks) * len(gated_sizes) + 1),
         unit="rounds",
     )
-    plain = LocalVllmEngine(target, **common)
-    plain.generate(prompts[:2], 8)
-    rows, gated_rows = [], []
+    plain = setup.plain_engine()
     try:
-        for k in ks:  # fixed K at every batch size
-            engine = sd_engine(k, gated=False)
-            try:
-                for batch_size in batch_sizes:
-                    row = {"k": k, **bench_batch(plain, engine, batches(batch_size), max_tokens, progress, f"K={k}")}
-                    rows.append(row)
-                    _print_row(f"K={k}", row)
-            finally:
-                engine.close()
-        best_k = max((r for r in rows if r["batch_size"] == min(batch_sizes)), key=lambda r: r["speedup"])["k"]
-        gated = {k: sd_engine(k, gated=True) for k in ks}
-        adaptive = sd_engine(0, gated=True, adaptive=True)
-        try:
-            for k, engine in gated.items():  # the gate above the threshold
-                for batch_size in gated_sizes:
-                    row = {"k": k, **bench_batch(plain, engine, batches(batch_size), max_tokens, progress, "gated")}
-                    gated_rows.append(row)
-                    _print_row(f"gated K={k}", row)
-            long_tail = _long_tail(
-                plain,
-                {**{f"K={k}": e for k, e in gated.items()}, "adaptive": adaptive},
-                tail_prompts,
-                long_tail_prompts,
-                max_tokens,
-                progress,
-            )
-        finally:
-            for engine in (*gated.values(), adaptive):
-                engine.close()
+        rows = _fixed_k_rows(setup, plain, batch_sizes, max_tokens, progress)
+        gated_rows, long_tail = _gated_and_long_tail(setup, plain, gated_sizes, max_tokens, progress)
     finally:
         plain.close()
+    result = _summary(setup, rows, gated_rows, long_tail, min(batch_sizes), max_tokens)
+    if json_path:
+        write_json(json_path, result)
+    return result
+
+
+def _fixed_k_rows(setup: _Setup, plain, batch_sizes: list[int], max_tokens: int, progress: Progress) -> list[dict]:
+    rows = []
+    for k in setup.ks:
+        engine = setup.sd_engine(k, gated=False)
+        try:
+            for batch_size in batch_sizes:
+                row = {"k": k, **bench_batch(plain, engine, setup.batches(batch_size), max_tokens, progress, f"K={k}")}
+                rows.append(row)
+                _print_row(f"K={k}", row)
+        finally:
+            engine.close()
+    return rows
+
+
+def _gated_and_long_tail(
+    setup: _Setup, plain, gated_sizes: list[int], max_tokens: int, progress: Progress
+) -> tuple[list[dict], dict]:
+    """The gated engines above the threshold, then the long tail on them and on the adaptive engine."""
+    gated = {k: setup.sd_engine(k, gated=True) for k in setup.ks}
+    adaptive = setup.sd_engine(0, gated=True, adaptive=True)
+    gated_rows = []
+    try:
+        for k, engine in gated.items():
+            for batch_size in gated_sizes:
+                row = {"k": k, **bench_batch(plain, engine, setup.batches(batch_size), max_tokens, progress, "gated")}
+                gated_rows.append(row)
+                _print_row(f"gated K={k}", row)
+        engines = {**{f"K={k}": e for k, e in gated.items()}, "adaptive": adaptive}
+        long_tail = _long_tail(plain, engines, setup.tail_prompts, setup.tail, max_tokens, progress)
+    finally:
+        for engine in (*gated.values(), adaptive):
+            engine.close()
+    return gated_rows, long_tail
+
+
+def _summary(setup: _Setup, rows, gated_rows, long_tail: dict, smallest_batch: int, max_tokens: int) -> dict:
+    at_smallest = [r for r in rows if r["batch_size"] == smallest_batch]
+    batch_1 = max(at_smallest, key=lambda r: r["speedup"])
     best_fixed = max((name for name in long_tail if name.startswith("K=")), key=lambda n: long_tail[n]["tokens_per_s"])
-    batch_1 = next(r for r in rows if r["k"] == best_k and r["batch_size"] == min(batch_sizes))
     result = {
         "benchmark": "sd",
         "backend": "vllm",
         "vllm": _vllm_version(),
-        "target": target,
-        "drafter": drafter,
+        "target": setup.target,
+        "drafter": setup.drafter,
         "dtype": "float32",
         "max_tokens": max_tokens,
-        "rounds": rounds,
-        "ks": ks,
-        "threshold": threshold,
-        "best_k_at_smallest_batch": best_k,
+        "rounds": setup.rounds,
+        "ks": setup.ks,
+        "threshold": setup.threshold,
+        "best_k_at_smallest_batch": batch_1["k"],
         "speedup_smallest_batch_best_k": batch_1["speedup"],
-        "smallest_batch": batch_1["batch_size"],
+        "smallest_batch": smallest_batch,
         "gated_min_speedup_above_threshold": min((r["speedup"] for r in gated_rows), default=None),
         "long_tail": long_tail,
         "long_tail_best_fixed": best_fixed,
@@ -159,15 +194,13 @@ def run(
         "gated_rows": gated_rows,
     }
     print(
-        f"best K at batch {batch_1['batch_size']}: {best_k} ({batch_1['speedup']:.2f}x plain); gated engines above "
-        f"threshold {threshold}: min {result['gated_min_speedup_above_threshold']}x plain; long tail: adaptive "
+        f"best K at batch {smallest_batch}: {batch_1['k']} ({batch_1['speedup']:.2f}x plain); gated engines above "
+        f"threshold {setup.threshold}: min {result['gated_min_speedup_above_threshold']}x plain; long tail: adaptive "
         f"{result['adaptive_vs_best_fixed']:.2f}x the best fixed ({best_fixed}), "
         f"{long_tail['adaptive']['speedup']:.2f}x plain; greedy identical everywhere: "
         f"{result['greedy_identical_everywhere']}",
         flush=True,
     )
-    if json_path:
-        write_json(json_path, result)
     return result
 
 
