@@ -54,7 +54,7 @@ def test_batch_buckets_are_powers_of_two_up_to_the_batch_limit():
 def test_static_steps_decode_exactly_like_the_ordinary_forward(varied_qwen2, params, strategy):
     plain, pooled = engine_pair(varied_qwen2)
     assert_same_outputs(pooled.generate(PROMPTS, params, strategy=strategy), plain.generate(PROMPTS, params, strategy))
-    report = pooled.graphs.memory_report()
+    report = pooled.runner.graphs.memory_report()
     width = 1 if strategy is None else int(strategy.split("_")[2]) + 1
     assert f"width{width}_batch5" in report["keys"]  # prefill never goes through the pool; decode steps do
     assert report["replays"] > report["graphs"] == report["captures"] and report["static_bytes"] > 0
@@ -68,24 +68,24 @@ def test_padding_rows_write_only_past_every_real_position(varied_qwen2):
     plain, pooled = engine_pair(varied_qwen2)
     pooled.generate(PROMPTS[:3], GREEDY[:3], strategy="4_1_4")
     # The scratch column lies beyond every position a token or a draft node can be written to.
-    assert pooled.graphs.scratch_column == pooled.max_model_len + pooled.max_draft_tokens
-    assert pooled.graphs.scratch_column == pooled.cache.max_len - 1
+    assert pooled.runner.graphs.scratch_column == pooled.max_model_len + pooled.max_draft_tokens
+    assert pooled.runner.graphs.scratch_column == pooled.cache.max_len - 1
 
 
 def test_released_or_reallocated_cache_drops_the_graphs(varied_qwen2):
     plain, pooled = engine_pair(varied_qwen2)
     reference = plain.generate(PROMPTS, GREEDY)
     pooled.generate(PROMPTS, GREEDY)
-    captures = pooled.graphs.num_captures
+    captures = pooled.runner.graphs.num_captures
     pooled.release_cache()  # what a sleeping rollout does
-    assert pooled.graphs.memory_report()["graphs"] == 0
+    assert pooled.runner.graphs.memory_report()["graphs"] == 0
     assert_same_outputs(pooled.generate(PROMPTS, GREEDY), reference)
-    assert pooled.graphs.num_captures > captures
+    assert pooled.runner.graphs.num_captures > captures
     # More slots than the pool allocated: the cache is reallocated under the graphs, which are dropped, not reused.
-    captures = pooled.graphs.num_captures
+    captures = pooled.runner.graphs.num_captures
     pooled.cache.ensure_capacity(pooled.cache.num_slots + 1, pooled.cache.max_len)
     assert_same_outputs(pooled.generate(PROMPTS, GREEDY), reference)
-    assert pooled.graphs.num_captures > captures
+    assert pooled.runner.graphs.num_captures > captures
 
 
 def test_with_a_policy_only_its_strategies_widths_are_served_up_to_its_threshold(varied_qwen2):
@@ -103,7 +103,7 @@ def test_cuda_graphs_off_cuda_warn_and_decode_without_them(varied_qwen2, caplog)
         engine = RolloutEngine.from_pretrained(str(varied_qwen2[0]), cuda_graphs=True)
     assert "CUDA graphs need CUDA" in caplog.text
     engine.generate(PROMPTS[:2], GREEDY[:2])
-    assert engine.graphs is None
+    assert engine.runner.graphs is None
     cache = SlotKVCache(engine.model.spec, dtype=torch.float32, device="cpu", max_len=64)
     with pytest.raises(ValueError, match="CUDA graphs need a CUDA cache"):
         StepGraphPool(engine.model, cache, 16, torch.float32, batch_buckets=[1])

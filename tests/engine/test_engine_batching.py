@@ -220,7 +220,9 @@ def test_every_cpu_kernel_choice_decodes_the_same_tokens(varied_qwen2, kernels):
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     reference = RolloutEngine.from_pretrained(str(path), cpu_layouts=False).generate(prompts, params)
     engine = RolloutEngine.from_pretrained(str(path), cpu_layouts=True, cpu_kernels=kernels)
-    assert engine.kernel_plan is not None and (kernels == "measure") == (engine.kernel_plan.forced is None)
+    assert engine.runner.kernel_plan is not None and (kernels == "measure") == (
+        engine.runner.kernel_plan.forced is None
+    )
     assert_same_outputs(engine.generate(prompts, params), reference, atol=1e-4)
     # Batch 1: single-row products, which matrix_vector serves.
     assert_same_outputs(engine.generate(prompts[:1], params), reference[:1], atol=1e-4)

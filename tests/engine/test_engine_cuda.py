@@ -67,7 +67,7 @@ def test_cuda_graphs_decode_like_the_engine_without_them(varied_qwen2):  # noqa:
         expected = plain.generate(GRAPH_PROMPTS, GRAPH_GREEDY, strategy=strategy)
         for got, want in zip(outputs, expected, strict=True):
             assert torch.allclose(torch.tensor(got.log_probs), torch.tensor(want.log_probs), atol=1e-4), strategy
-    report = graphed.graphs.memory_report()
+    report = graphed.runner.graphs.memory_report()
     assert report["graphs"] >= 3 and report["captures"] == report["graphs"] and report["padded_rows"] > 0
     assert report["replays"] > report["graphs"]
 
@@ -85,7 +85,7 @@ def test_cuda_graphs_see_new_weights_and_survive_a_released_cache(varied_qwen2):
     reference = [o.token_ids for o in plain.generate(GRAPH_PROMPTS, GRAPH_GREEDY)]
     assert [o.token_ids for o in graphed.generate(GRAPH_PROMPTS, GRAPH_GREEDY)] == reference
     graphed.release_cache()  # a sleeping rollout: the graphs go with the cache and are captured again
-    assert graphed.graphs.memory_report()["graphs"] == 0
+    assert graphed.runner.graphs.memory_report()["graphs"] == 0
     assert [o.token_ids for o in graphed.generate(GRAPH_PROMPTS, GRAPH_GREEDY, strategy="4_1_4")] == reference
     sampled = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=16, ignore_eos=True, seed=0)
     outputs = graphed.generate(GRAPH_PROMPTS, sampled, strategy="4_1_4")

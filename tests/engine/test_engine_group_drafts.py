@@ -79,7 +79,7 @@ def test_failing_group_drafts_turn_group_drafts_off_but_not_the_drafter(varied_q
     monkeypatch.setattr(engine.group_drafts, "_propose", broken)
     outputs = engine.generate(PROMPTS, GREEDY, strategy="mixed:4_1_4", groups=range(len(PROMPTS)))
     assert all(len(o.token_ids) == GREEDY.max_tokens for o in outputs)
-    assert engine.group_drafts_error and "KeyError" in engine.group_drafts_error
+    assert engine.speculation.group_drafts_error and "KeyError" in engine.speculation.group_drafts_error
     assert engine.drafter_error is None
     after = engine.generate(PROMPTS[:1], GREEDY, strategy="4_1_4")
     assert after[0].stats["num_verify_steps"] > 0  # the drafter still speculates

@@ -231,7 +231,7 @@ def run(
         "max_tokens": max_tokens,
         "repeats": repeats,
         "device": device,
-        "cuda_graphs": engine.graphs.memory_report() if engine.graphs is not None else None,
+        "cuda_graphs": engine.runner.graphs.memory_report() if engine.runner.graphs is not None else None,
         "torch_threads": torch.get_num_threads(),
         "policy": {k: list(v) if isinstance(v, tuple) else v for k, v in config.__dict__.items()},
         **comparison,

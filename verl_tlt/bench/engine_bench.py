@@ -153,7 +153,7 @@ def bench_one(
             "compile_warmup_s": round(warmup_s, 1),
             "compiled_same_tokens": same,
         }
-    plan = engine.kernel_plan
+    plan = engine.runner.kernel_plan
     return {
         "model": spec.name,
         "dtype": dtype,

@@ -281,7 +281,7 @@ def compare(engine: RolloutEngine, prompts: Sequence[Sequence[int]], config: Gro
                 measure_round(engine, batch, numbers, temperature, config, strategies, tallies, progress)
             for strategy in strategies:
                 rows.append(make_row(strategy, temperature, batch_size, tallies[strategy]))
-                _report(rows[-1], engine.keyed_sampling)
+                _report(rows[-1], engine.sampler.keyed)
     return {"options": asdict(config), "strategies": strategies, "skipped": skipped, "rows": rows}
 
 
@@ -309,7 +309,7 @@ def measure(json_path: str | None, engine: RolloutEngine, prompts, config: Group
     result = {
         "benchmark": "sd_group_drafts",
         **about,
-        "sampling": "keyed" if engine.keyed_sampling else "rejection",
+        "sampling": "keyed" if engine.sampler.keyed else "rejection",
         "dtype": str(engine.dtype).removeprefix("torch."),
         **host_info(),
         **compare(engine, prompts, config),

@@ -124,7 +124,7 @@ def run(
         "device": device,
         "compiled": compile,
         "sampling": sampling,
-        "cuda_graphs": engine.graphs.memory_report() if engine.graphs is not None else None,
+        "cuda_graphs": engine.runner.graphs.memory_report() if engine.runner.graphs is not None else None,
         "torch_threads": torch.get_num_threads(),
         "dtype": "float32",
         # Headline acceptance lengths: the first (deepest by default) strategy, batch 1.

@@ -18,6 +18,7 @@ from collections.abc import Hashable, Iterable, Sequence
 
 import torch
 
+from verl_tlt.engine.checks import check_prompt, check_strategy
 from verl_tlt.engine.cuda_graphs import StepGraphPool
 from verl_tlt.engine.drafter import Drafter
 from verl_tlt.engine.group_drafts import GroupDrafts
@@ -151,18 +152,6 @@ class RolloutEngine:
         return self.runner.cache
 
     @property
-    def kernel_plan(self):
-        return self.runner.kernel_plan
-
-    @property
-    def graphs(self) -> StepGraphPool | None:
-        return self.runner.graphs
-
-    @property
-    def keyed_sampling(self) -> bool:
-        return self.sampler.keyed
-
-    @property
     def drafter(self) -> Drafter | None:
         return self.speculation.drafter
 
@@ -177,10 +166,6 @@ class RolloutEngine:
     @group_drafts.setter
     def group_drafts(self, group_drafts: GroupDrafts | None) -> None:
         self.speculation.group_drafts, self.speculation.group_drafts_error = group_drafts, None
-
-    @property
-    def group_drafts_error(self) -> str | None:
-        return self.speculation.group_drafts_error
 
     def set_drafter(self, drafter: Drafter | None) -> None:
         """Attach (or with None, detach) the draft model used by speculative steps, between generate calls."""
@@ -239,17 +224,7 @@ class RolloutEngine:
         return request_id
 
     def _check_prompt(self, prompt_ids: Sequence[int]) -> None:
-        if len(prompt_ids) == 0:
-            raise ValueError("prompt_ids must not be empty")
-        if len(prompt_ids) >= self.max_model_len:
-            raise ValueError(
-                f"Prompt of {len(prompt_ids)} tokens leaves no room to generate within max_model_len="
-                f"{self.max_model_len}"
-            )
-        vocab_size = self.model.spec.vocab_size
-        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab_size:  # would fail the whole batch's prefill
-            bad = [int(t) for t in prompt_ids if not 0 <= int(t) < vocab_size]
-            raise ValueError(f"Prompt token ids {bad[:5]} are outside the model's vocabulary [0, {vocab_size})")
+        check_prompt(prompt_ids, self.max_model_len, self.model.spec.vocab_size)
 
     def abort(self, request_id: str) -> None:
         """Finish a request early with finish_reason 'abort' at the next step."""
@@ -409,19 +384,7 @@ class RolloutEngine:
         spec = SpecStrategy.parse(strategy)
         if spec.uses_group_drafts:
             self.speculation.ensure_group_drafts(self.num_running)
-        if needs_drafter and spec.uses_drafter and self.drafter is None:
-            raise ValueError(
-                f"Speculative strategy {spec.name!r} needs a drafter: pass drafter=... to RolloutEngine(...) or "
-                "RolloutEngine.from_pretrained(...), or call engine.set_drafter(...)"
-            )
-        if spec.tree_tokens > self.max_draft_tokens:
-            raise ValueError(
-                f"Speculative strategy {spec.name!r} verifies {spec.tree_tokens} draft tokens but the KV cache "
-                f"reserves room for max_draft_tokens={self.max_draft_tokens}; build the engine with "
-                f"max_draft_tokens>={spec.tree_tokens} or use a smaller strategy"
-            )
-        if spec.top_k > self.model.spec.vocab_size:
-            raise ValueError(
-                f"Speculative strategy {spec.name!r}: top_k exceeds the vocabulary ({self.model.spec.vocab_size})"
-            )
+        has_drafter = self.drafter is not None if needs_drafter else None
+        vocab_size = self.model.spec.vocab_size
+        check_strategy(spec, has_drafter=has_drafter, max_draft_tokens=self.max_draft_tokens, vocab_size=vocab_size)
         return spec

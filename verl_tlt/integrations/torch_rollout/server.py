@@ -97,7 +97,7 @@ class TorchRolloutServer:
             daemon=True,
         )
         self._thread.start()
-        plan = self.engine.kernel_plan
+        plan = self.engine.runner.kernel_plan
         logger.info(
             "torch rollout server %d ready (%s); CPU linear kernels: %s",
             self.replica_rank,
