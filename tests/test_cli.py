@@ -21,6 +21,8 @@ LEAVES = [
     ("toy", "stats"),
     ("toy", "sft"),
     ("toy", "eval"),
+    ("models", "list"),
+    ("models", "prepare"),
     ("drafter", "warmup"),
     ("simulate", "run"),
     ("simulate", "paper"),

@@ -37,7 +37,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("integrations.torch_rollout", "integrations.vllm"),
     ("integrations.verl",),
     ("warmup",),
-    ("toy",),
+    ("toy", "models"),
     ("quickstart", "sim"),
     ("bench",),
     ("cli", "main_ppo", "hydra_conf"),

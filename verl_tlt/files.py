@@ -21,14 +21,17 @@ one behind, which no reader ever mistakes for the real thing.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 # Environment variable naming the cache root; every builder (toy world, target, drafter, kernel plans) reads it here.
 CACHE_ENV = "VERL_TLT_CACHE"
@@ -50,6 +53,28 @@ def exclusive_lock(lock_path: str | Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock_file, fcntl.LOCK_UN)
+
+
+def build_once(entry: Path, is_complete: Callable[[Path], bool], build: Callable[[Path], None], what: str) -> Path:
+    """Return the cache entry `entry`, first running `build(tmp_dir)` (an empty directory) and swapping it into place
+    if `entry` is not complete. A lock beside it makes concurrent callers wait for one build; a killed build leaves
+    no half-written entry (`atomic_directory`)."""
+    if is_complete(entry):
+        logger.info("Reusing the %s at %s", what, entry)
+        return entry
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(entry.parent / f".{entry.name}.lock"):
+        if is_complete(entry):
+            logger.info("Reusing the %s at %s (built by another process)", what, entry)
+            return entry
+        if entry.exists():
+            logger.warning("Removing incomplete %s %s", what, entry)
+            shutil.rmtree(entry)
+        logger.info("No cached %s at %s; building it once", what, entry)
+        with atomic_directory(entry) as tmp:
+            build(tmp)
+        logger.info("Cached the %s at %s", what, entry)
+    return entry
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
