@@ -22,6 +22,7 @@ from verl_tlt.engine.checks import check_prompt, check_strategy
 from verl_tlt.engine.cuda_graphs import StepGraphPool
 from verl_tlt.engine.drafter import Drafter
 from verl_tlt.engine.group_drafts import GroupDrafts
+from verl_tlt.engine.kv_cache import SlotKVCache
 from verl_tlt.engine.model_runner import ModelRunner
 from verl_tlt.engine.request import CompletionOutput, Request
 from verl_tlt.engine.sampler import BatchSampler
@@ -148,7 +149,7 @@ class RolloutEngine:
         self.scheduler.max_num_seqs = value
 
     @property
-    def cache(self):
+    def cache(self) -> SlotKVCache:
         return self.runner.cache
 
     @property
