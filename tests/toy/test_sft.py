@@ -86,7 +86,7 @@ def test_cache_trains_once_then_reuses_the_checkpoint(tmp_path, monkeypatch, cap
     monkeypatch.setattr(sft, "train_toy_target", counting_train)
     first = sft.ensure_toy_target(tmp_path, seed=2, num_steps=2, recipe=FAST_RECIPE)
     weights = (first / "model.safetensors").stat().st_mtime_ns
-    with caplog.at_level(logging.INFO, logger="verl_tlt.toy.cache"):  # the shared build-once helper logs it
+    with caplog.at_level(logging.INFO, logger="verl_tlt.files"):  # the shared build-once helper logs it
         second = sft.ensure_toy_target(tmp_path, seed=2, num_steps=2, recipe=FAST_RECIPE)
     assert first == second == tmp_path / f"toy-target-v{sft.TOY_TARGET_VERSION}-seed2-steps2"
     assert calls == [2]
