@@ -25,7 +25,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "verl_tlt"
 # Bottom to top. A unit is a top-level module or sub-package of verl_tlt (`integrations.<framework>` for glue).
 # A module may import its own unit and the units of lower layers; units of one layer do not import each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("spec", "files", "progress", "commands", "strict_config", "request_seeds"),
+    ("spec", "files", "progress", "commands", "strict_config", "request_seeds", "chat"),
     # The speculation decision (gate, policies, decode counters): pure Python, below the config that feeds it.
     ("policy",),
     ("config", "metrics"),
@@ -36,8 +36,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # and TLT over verl's vLLM rollout; both sit below the verl glue that drives them.
     ("integrations.torch_rollout", "integrations.vllm"),
     ("integrations.verl",),
+    # Real models from PyPI wheels (files and transformers only): below every command that takes `--model NAME`.
+    ("models",),
     ("warmup",),
-    ("toy", "models"),
+    ("toy",),
+    # The real tasks: their evaluation serves a prepared model on the engine.
+    ("tasks",),
     ("quickstart", "sim"),
     ("bench",),
     ("cli", "main_ppo", "hydra_conf"),

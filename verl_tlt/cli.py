@@ -1,4 +1,4 @@
-"""`verl-tlt` command line: quickstart, toy world, real models, drafter warm-up, simulator, benchmarks.
+"""`verl-tlt` command line: quickstart, toy world, real models and tasks, drafter warm-up, simulator, benchmarks.
 
 The tree is built from each command module's `register(subparsers)`; `verl-tlt --help` lists every command down to
 the leaves, and `verl-tlt <command> ... --help` shows a leaf's options.
@@ -16,11 +16,12 @@ from verl_tlt.bench import cli as bench_cli
 from verl_tlt.models import cli as models_cli
 from verl_tlt.quickstart import cli as quickstart_cli
 from verl_tlt.sim import cli as sim_cli
+from verl_tlt.tasks import cli as tasks_cli
 from verl_tlt.toy import cli as toy_cli
 from verl_tlt.warmup import cli as warmup_cli
 
 # In the order `verl-tlt --help` lists them: the quickstart first, the benchmarks last.
-COMMAND_MODULES = (quickstart_cli, toy_cli, models_cli, warmup_cli, sim_cli, bench_cli)
+COMMAND_MODULES = (quickstart_cli, toy_cli, models_cli, tasks_cli, warmup_cli, sim_cli, bench_cli)
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _INDEX_WIDTH = 100
 

@@ -87,3 +87,11 @@ def test_engine_bench_names_the_host_its_kernels_and_the_bandwidth_roofline(tiny
             result["memory_bandwidth_bytes_per_s"] / row["weight_bytes"], rel=0.01
         )
         assert row["hf_of_roofline"] == pytest.approx(row["hf_tokens_per_s"] / row["roofline_tokens_per_s"], abs=6e-4)
+
+
+def test_the_bench_takes_the_random_shapes_and_the_real_models_by_name(tmp_path, monkeypatch):
+    assert {"toy-1m", "qwen2-50m", "smollm2-135m"} <= set(engine_bench.known_models())
+    assert (engine_bench.model_folder("toy-1m", tmp_path) / "config.json").is_file()
+    prepared = []
+    monkeypatch.setattr("verl_tlt.models.prepare.ensure_model", lambda name: prepared.append(name) or tmp_path)
+    assert engine_bench.model_folder("smollm2-135m", tmp_path) == tmp_path and prepared == ["smollm2-135m"]

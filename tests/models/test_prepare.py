@@ -61,3 +61,14 @@ def test_the_registry_pins_every_source_and_checksum():
         assert len(model.gguf_sha256) == 64 and model.parts and model.caveat and model.licence
         assert all(part.version and part.member for part in model.parts)
     assert REAL_MODELS["qwen2.5-coder-0.5b"].opt_in and not REAL_MODELS["smollm2-135m"].opt_in
+
+
+def test_a_model_option_takes_a_known_name_or_a_hugging_face_folder(tmp_path, monkeypatch):
+    from verl_tlt.models import prepare
+
+    (tmp_path / "config.json").write_text("{}")
+    assert prepare.resolve_model(str(tmp_path)) == tmp_path
+    monkeypatch.setattr(prepare, "ensure_model", lambda name, cache_root=None: tmp_path / name)
+    assert prepare.resolve_model("smollm2-135m") == tmp_path / "smollm2-135m"
+    with pytest.raises(ValueError, match="'nowhere' is neither a known model .*smollm2-135m.*nor a Hugging Face"):
+        prepare.resolve_model("nowhere")

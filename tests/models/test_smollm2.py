@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from verl_tlt.chat import chat_prompt_ids
 from verl_tlt.engine import RolloutEngine, SamplingParams
 from verl_tlt.models.prepare import ensure_model
 
@@ -29,11 +30,7 @@ def smollm2():
 
     path = ensure_model("smollm2-135m")
     tokenizer = AutoTokenizer.from_pretrained(path)
-    prompts = [
-        tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)
-        for q in QUESTIONS
-    ]
-    prompts = [list(p["input_ids"]) if hasattr(p, "keys") else list(p) for p in prompts]
+    prompts = [chat_prompt_ids(tokenizer, [{"role": "user", "content": q}]) for q in QUESTIONS]
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     return path, tokenizer, model, prompts
 

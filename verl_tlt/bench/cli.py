@@ -31,7 +31,12 @@ def _add_engine(bench: argparse._SubParsersAction) -> None:
     engine = add_command(bench, "engine", _run_engine, "torch engine vs transformers generate (tokens/s)")
     engine.add_argument("--json", help="write results to this path")
     engine.add_argument("--device", default="cpu", help="torch device for both (e.g. cuda)")
-    engine.add_argument("--models", nargs="+", default=["toy-1m", "qwen2-50m"], help="models to measure")
+    engine.add_argument(
+        "--models",
+        nargs="+",
+        default=["toy-1m", "qwen2-50m"],
+        help="models to measure: random-weight shapes (toy-1m, qwen2-50m) or real ones (smollm2-135m; prepared first)",
+    )
     engine.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 16], help="requests decoded together")
     engine.add_argument("--prompt-len", type=int, default=32, help="random prompt tokens per request")
     engine.add_argument("--new-tokens", type=int, default=64, help="tokens decoded per request (EOS ignored)")
@@ -42,11 +47,11 @@ def _add_engine(bench: argparse._SubParsersAction) -> None:
 
 
 def _run_engine(args: argparse.Namespace) -> int:
-    from verl_tlt.bench.engine_bench import MODELS, run
+    from verl_tlt.bench.engine_bench import known_models, run
 
-    unknown = sorted(set(args.models) - set(MODELS))
+    unknown = sorted(set(args.models) - set(known_models()))
     if unknown:
-        usage_error(args, f"unknown model(s) {unknown}; choose from {sorted(MODELS)}")
+        usage_error(args, f"unknown model(s) {unknown}; choose from {known_models()}")
     run(
         args.json,
         args.models,

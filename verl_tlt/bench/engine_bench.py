@@ -72,6 +72,24 @@ def build_model(spec: BenchModel, path: Path):
     return model
 
 
+def known_models() -> list[str]:
+    """What `--models` takes: the random-weight shapes and the real models `verl-tlt models prepare` makes."""
+    from verl_tlt.models.registry import REAL_MODELS
+
+    return sorted([*MODELS, *REAL_MODELS])
+
+
+def model_folder(name: str, workdir: Path) -> Path:
+    """A random-weight shape written under `workdir`, or a real model's prepared folder (prepared if needed)."""
+    if name in MODELS:
+        path = workdir / name
+        build_model(MODELS[name], path)
+        return path
+    from verl_tlt.models.prepare import ensure_model
+
+    return ensure_model(name)
+
+
 def synchronizer(device: torch.device) -> Callable[[], None]:
     """A call that waits for `device`'s queued work: CUDA runs kernels asynchronously, so a clock read right after a
     launch would time the launch, not the work. A no-op on the CPU."""
@@ -94,7 +112,7 @@ def time_call(fn, repeats: int, progress: Progress | None = None) -> float:
 
 
 def bench_one(
-    spec: BenchModel,
+    name: str,
     batch_size: int,
     prompt_len: int,
     new_tokens: int,
@@ -105,14 +123,21 @@ def bench_one(
     progress: Progress | None = None,
     dtype: str = "float32",
 ):
+    from transformers import AutoModelForCausalLM
+
     from verl_tlt.engine import RolloutEngine, SamplingParams
 
-    path = workdir / spec.name
+    path = model_folder(name, workdir)
     torch_dtype = getattr(torch, dtype)
-    hf_model = build_model(spec, path).to(device=device, dtype=torch_dtype)
-    engine = RolloutEngine.from_pretrained(str(path), max_num_seqs=batch_size, device=device, dtype=torch_dtype)
+    hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device=device).eval()
+    # The cache holds these prompts and answers only, not a real model's whole context (8k positions for SmolLM2).
+    max_model_len = prompt_len + new_tokens
+    engine = RolloutEngine.from_pretrained(
+        str(path), max_num_seqs=batch_size, max_model_len=max_model_len, device=device, dtype=torch_dtype
+    )
     generator = torch.Generator().manual_seed(1)
-    prompts = torch.randint(3, spec.vocab_size, (batch_size, prompt_len), generator=generator)
+    # Random ids (above the usual special tokens): decode speed does not depend on what the prompt says.
+    prompts = torch.randint(3, hf_model.config.vocab_size, (batch_size, prompt_len), generator=generator)
     hf_prompts = prompts.to(device)  # copied once, outside the timed calls
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
 
@@ -140,7 +165,12 @@ def bench_one(
     compiled = {}
     if compile:
         compiled_engine = RolloutEngine.from_pretrained(
-            str(path), max_num_seqs=batch_size, device=device, dtype=torch_dtype, compile=True
+            str(path),
+            max_num_seqs=batch_size,
+            max_model_len=max_model_len,
+            device=device,
+            dtype=torch_dtype,
+            compile=True,
         )
         start = time.perf_counter()
         compiled_outputs = run_engine(compiled_engine)  # the first call compiles
@@ -155,7 +185,7 @@ def bench_one(
         }
     plan = engine.runner.kernel_plan
     return {
-        "model": spec.name,
+        "model": name,
         "dtype": dtype,
         "params_m": round(sum(p.numel() for p in hf_model.parameters()) / 1e6, 2),
         "weight_bytes": sum(p.numel() * p.element_size() for p in hf_model.parameters()),
@@ -194,7 +224,7 @@ def run(
             for name in models:
                 for batch_size in batch_sizes:
                     row = bench_one(
-                        MODELS[name],
+                        name,
                         batch_size,
                         prompt_len,
                         new_tokens,

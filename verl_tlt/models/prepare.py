@@ -106,3 +106,21 @@ def _has_manifest(path: Path) -> bool:
 
 
 __all__ = ["ModelSourceError", "PreparedModelError", "ensure_model", "model_dir", "verify_prepared"]
+
+
+def resolve_model(name_or_path: str, cache_root: str | Path | None = None) -> Path:
+    """A registered model's prepared folder (prepared first if needed), or an existing Hugging Face folder as given.
+
+    What every `--model` option takes: `smollm2-135m` or a directory with a config.json.
+    """
+    from verl_tlt.models.registry import REAL_MODELS
+
+    if name_or_path in REAL_MODELS:
+        return ensure_model(name_or_path, cache_root)
+    path = Path(name_or_path)
+    if (path / "config.json").is_file():
+        return path
+    raise ValueError(
+        f"{name_or_path!r} is neither a known model ({', '.join(sorted(REAL_MODELS))}; `verl-tlt models list`) "
+        "nor a Hugging Face folder with a config.json"
+    )

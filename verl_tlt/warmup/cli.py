@@ -14,7 +14,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     warmup = add_command(
         drafter, "warmup", _warmup, "generate with the target, record hidden states, train a drafter and export it"
     )
-    warmup.add_argument("--target", required=True, help="target model directory (transformers checkpoint)")
+    warmup.add_argument(
+        "--target", required=True, help="a model `verl-tlt models list` names, or a transformers checkpoint folder"
+    )
     warmup.add_argument("--prompts", required=True, help="verl RL parquet with a chat-message prompt column")
     warmup.add_argument("--out", required=True, help="where to write the drafter (EAGLE layout)")
     warmup.add_argument("--prompt-key", default="prompt", help="the parquet's prompt column")
@@ -47,6 +49,8 @@ def _warmup(args: argparse.Namespace) -> int:
 
     from verl_tlt.config import DrafterConfig
     from verl_tlt.files import write_json
+    from verl_tlt.models.gguf_source import ModelSourceError
+    from verl_tlt.models.prepare import PreparedModelError, resolve_model
     from verl_tlt.warmup.offline import prompts_from_parquet, warmup_drafter
 
     try:
@@ -54,9 +58,13 @@ def _warmup(args: argparse.Namespace) -> int:
     except ValueError as error:
         usage_error(args, f"--train-depth {args.train_depth}: {error}")
 
-    prompts = prompts_from_parquet(args.prompts, args.target, args.prompt_key, args.num_prompts)
+    try:
+        target = str(resolve_model(args.target))
+    except (ValueError, ModelSourceError, PreparedModelError) as error:
+        usage_error(args, f"--target: {error}")
+    prompts = prompts_from_parquet(args.prompts, target, args.prompt_key, args.num_prompts)
     settings = options(args, "num_steps", "max_seconds", "temperature", "max_tokens", "seed", "init_from")
-    report = warmup_drafter(args.target, prompts, args.out, config=config, **settings)
+    report = warmup_drafter(target, prompts, args.out, config=config, **settings)
     print(json.dumps(asdict(report), indent=2))
     if args.json:
         write_json(args.json, asdict(report))

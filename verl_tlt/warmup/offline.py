@@ -121,6 +121,8 @@ def prompts_from_parquet(path: str, tokenizer_path: str, prompt_key: str = "prom
     import pandas as pd
     from transformers import AutoTokenizer
 
+    from verl_tlt.chat import chat_prompt_ids
+
     frame = pd.read_parquet(path)
     if prompt_key not in frame.columns:
         raise ValueError(f"{path} has no column {prompt_key!r} (columns: {list(frame.columns)}); pass --prompt-key")
@@ -130,6 +132,5 @@ def prompts_from_parquet(path: str, tokenizer_path: str, prompt_key: str = "prom
         if isinstance(messages, str):
             prompts.append(list(tokenizer(messages)["input_ids"]))
             continue
-        ids = tokenizer.apply_chat_template([dict(m) for m in messages], add_generation_prompt=True, tokenize=True)
-        prompts.append(list(ids if isinstance(ids, list) else ids["input_ids"]))
+        prompts.append(chat_prompt_ids(tokenizer, messages))
     return prompts

@@ -1,0 +1,57 @@
+"""Write reasoning-gym problems in verl's RL parquet format (one row per prompt), train and validation splits.
+
+The columns are those verl's RLHFDataset and reward managers read (`data_source`, `prompt` as chat messages,
+`ability`, `reward_model.ground_truth`, `extra_info`); `extra_info` carries the seed, size and index that find the
+problem again for its scorer (`verl_tlt.tasks.problems`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from verl_tlt.tasks.answers import chat_prompt
+from verl_tlt.tasks.problems import Problem, generate
+from verl_tlt.tasks.registry import get_task
+
+ABILITY = "reasoning"
+VAL_SEED_OFFSET = 1_000_003  # validation problems come from another seed, so they are not the training ones
+
+
+def to_row(problem: Problem, split: str) -> dict[str, Any]:
+    return {
+        "data_source": get_task(problem.task).data_source,
+        "prompt": chat_prompt(problem.question),
+        "ability": ABILITY,
+        "reward_model": {"style": "rule", "ground_truth": problem.answer},
+        "extra_info": {
+            "split": split,
+            "task": problem.task,
+            "seed": problem.seed,
+            "size": problem.size,
+            "index": problem.index,
+        },
+    }
+
+
+def mixed_problems(tasks: Sequence[str], per_task: int, seed: int) -> list[Problem]:
+    """`per_task` problems of each task, interleaved (task 1, task 2, ..., task 1, ...) so any prefix is mixed."""
+    per = [generate(task, seed + number, per_task) for number, task in enumerate(tasks)]
+    return [problems[i] for i in range(per_task) for problems in per]
+
+
+def write_splits(out_dir: str | Path, tasks: Sequence[str], train: int, val: int, seed: int) -> dict[str, Path]:
+    """`train.parquet` and `val.parquet` under `out_dir` (`train` and `val` problems per task)."""
+    if not tasks:
+        raise ValueError("no tasks given: name at least one (`verl-tlt tasks list`)")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for split, per_task, split_seed in (("train", train, seed), ("val", val, seed + VAL_SEED_OFFSET)):
+        rows = [to_row(problem, split) for problem in mixed_problems(tasks, per_task, split_seed)]
+        paths[split] = out_dir / f"{split}.parquet"
+        pd.DataFrame(rows).to_parquet(paths[split], index=False)
+    return paths
