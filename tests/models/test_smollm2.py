@@ -11,7 +11,6 @@ import torch
 
 from verl_tlt.chat import chat_prompt_ids
 from verl_tlt.engine import RolloutEngine, SamplingParams
-from verl_tlt.models.prepare import ensure_model
 
 pytestmark = pytest.mark.slow
 
@@ -25,13 +24,9 @@ NEW_TOKENS = 32
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = ensure_model("smollm2-135m")
-    tokenizer = AutoTokenizer.from_pretrained(path)
+def smollm2(smollm2_model):
+    path, tokenizer, model = smollm2_model
     prompts = [chat_prompt_ids(tokenizer, [{"role": "user", "content": q}]) for q in QUESTIONS]
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     return path, tokenizer, model, prompts
 
 
