@@ -23,19 +23,19 @@ def long_tail_metrics(finish_seconds: Sequence[float], response_lengths: Sequenc
     times = sorted(finish_seconds)
     lengths = sorted(response_lengths)
     end = times[-1]
-    at_90 = _nearest_rank(times, 0.9)
+    at_90 = nearest_rank(times, 0.9)
     return {
-        f"{PREFIX}/time_to_50pct_s": _nearest_rank(times, 0.5),
+        f"{PREFIX}/time_to_50pct_s": nearest_rank(times, 0.5),
         f"{PREFIX}/time_to_90pct_s": at_90,
         f"{PREFIX}/time_to_100pct_s": end,
         f"{PREFIX}/last_10pct_share": (end - at_90) / end if end > 0 else 0.0,
-        f"{PREFIX}/response_len_p50": float(_nearest_rank(lengths, 0.5)),
-        f"{PREFIX}/response_len_p90": float(_nearest_rank(lengths, 0.9)),
+        f"{PREFIX}/response_len_p50": float(nearest_rank(lengths, 0.5)),
+        f"{PREFIX}/response_len_p90": float(nearest_rank(lengths, 0.9)),
         f"{PREFIX}/response_len_max": float(lengths[-1]),
     }
 
 
-def _nearest_rank(sorted_values: Sequence[float], fraction: float) -> float:
+def nearest_rank(sorted_values: Sequence[float], fraction: float) -> float:
     """The smallest value with at least `fraction` of the values at or below it (nearest-rank percentile)."""
     index = max(math.ceil(fraction * len(sorted_values)) - 1, 0)
     return sorted_values[index]

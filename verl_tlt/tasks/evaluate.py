@@ -8,13 +8,13 @@ validation split's (`verl-tlt tasks write`), scored by the reward function's own
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from verl_tlt.chat import chat_prompt_ids
+from verl_tlt.metrics.long_tail import nearest_rank
 from verl_tlt.progress import Progress
 from verl_tlt.tasks.answers import chat_prompt
 from verl_tlt.tasks.dataset import VAL_SEED_OFFSET
@@ -126,8 +126,11 @@ def length_quantiles(lengths: Sequence[int]) -> dict[str, int]:
     ordered = sorted(lengths)
     if not ordered:
         raise ValueError("no responses to measure")
-    rank = lambda q: ordered[max(math.ceil(q * len(ordered)) - 1, 0)]  # noqa: E731
-    return {"tokens_p50": rank(0.5), "tokens_p90": rank(0.9), "tokens_max": ordered[-1]}
+    return {
+        "tokens_p50": nearest_rank(ordered, 0.5),
+        "tokens_p90": nearest_rank(ordered, 0.9),
+        "tokens_max": ordered[-1],
+    }
 
 
 def _mean(values: Sequence[float]) -> float:

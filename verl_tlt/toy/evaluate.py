@@ -6,7 +6,6 @@ the format reliably but solve long problems far less often than short ones, leav
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from verl_tlt.metrics.long_tail import nearest_rank
 from verl_tlt.progress import Progress
 from verl_tlt.toy.sft import Example, collate, prompt_ids
 from verl_tlt.toy.task import Problem, make_problems, parse_answer, response_num_tokens, score
@@ -161,10 +161,9 @@ def _entropy_summary(entropies: list[list[float]]) -> dict[str, float]:
 
 def _length_summary(results: list[dict[str, Any]]) -> dict[str, float]:
     lengths = sorted(len(r["token_ids"]) for r in results)
-    nearest_rank = lambda q: lengths[max(math.ceil(q * len(lengths)) - 1, 0)]  # noqa: E731
     return {
-        "response_tokens_p50": nearest_rank(0.5),
-        "response_tokens_p90": nearest_rank(0.9),
+        "response_tokens_p50": nearest_rank(lengths, 0.5),
+        "response_tokens_p90": nearest_rank(lengths, 0.9),
         "response_tokens_max": lengths[-1],
     }
 
