@@ -17,7 +17,7 @@ from pathlib import Path
 from verl_tlt.files import build_once, default_cache_root, write_json
 from verl_tlt.models.convert import convert_gguf
 from verl_tlt.models.gguf_source import ModelSourceError, assemble_gguf
-from verl_tlt.models.registry import RealModel, get_model
+from verl_tlt.models.registry import REAL_MODELS, RealModel, get_model
 
 MANIFEST_NAME = "verl_tlt_model.json"
 _CHUNK = 1 << 20
@@ -105,7 +105,8 @@ def _has_manifest(path: Path) -> bool:
     return (path / MANIFEST_NAME).is_file()
 
 
-__all__ = ["ModelSourceError", "PreparedModelError", "ensure_model", "model_dir", "verify_prepared"]
+# What resolving a model can raise: a name or folder that is neither, a source that cannot be had, a damaged copy.
+MODEL_ERRORS = (ValueError, ModelSourceError, PreparedModelError)
 
 
 def resolve_model(name_or_path: str, cache_root: str | Path | None = None) -> Path:
@@ -113,8 +114,6 @@ def resolve_model(name_or_path: str, cache_root: str | Path | None = None) -> Pa
 
     What every `--model` option takes: `smollm2-135m` or a directory with a config.json.
     """
-    from verl_tlt.models.registry import REAL_MODELS
-
     if name_or_path in REAL_MODELS:
         return ensure_model(name_or_path, cache_root)
     path = Path(name_or_path)
@@ -124,3 +123,14 @@ def resolve_model(name_or_path: str, cache_root: str | Path | None = None) -> Pa
         f"{name_or_path!r} is neither a known model ({', '.join(sorted(REAL_MODELS))}; `verl-tlt models list`) "
         "nor a Hugging Face folder with a config.json"
     )
+
+
+__all__ = [
+    "MODEL_ERRORS",
+    "ModelSourceError",
+    "PreparedModelError",
+    "ensure_model",
+    "model_dir",
+    "resolve_model",
+    "verify_prepared",
+]

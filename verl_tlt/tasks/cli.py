@@ -66,13 +66,12 @@ def _write(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from verl_tlt.models.gguf_source import ModelSourceError
-    from verl_tlt.models.prepare import PreparedModelError, resolve_model
+    from verl_tlt.models.prepare import MODEL_ERRORS, resolve_model
     from verl_tlt.tasks.evaluate import evaluate_tasks, format_report
 
     try:
         path = resolve_model(args.model)
-    except (ValueError, ModelSourceError, PreparedModelError) as error:
+    except MODEL_ERRORS as error:
         print(f"error: --model: {error}", file=sys.stderr)
         return 1
     report = evaluate_tasks(

@@ -49,8 +49,7 @@ def _warmup(args: argparse.Namespace) -> int:
 
     from verl_tlt.config import DrafterConfig
     from verl_tlt.files import write_json
-    from verl_tlt.models.gguf_source import ModelSourceError
-    from verl_tlt.models.prepare import PreparedModelError, resolve_model
+    from verl_tlt.models.prepare import MODEL_ERRORS, resolve_model
     from verl_tlt.warmup.offline import prompts_from_parquet, warmup_drafter
 
     try:
@@ -60,7 +59,7 @@ def _warmup(args: argparse.Namespace) -> int:
 
     try:
         target = str(resolve_model(args.target))
-    except (ValueError, ModelSourceError, PreparedModelError) as error:
+    except MODEL_ERRORS as error:
         usage_error(args, f"--target: {error}")
     prompts = prompts_from_parquet(args.prompts, target, args.prompt_key, args.num_prompts)
     settings = options(args, "num_steps", "max_seconds", "temperature", "max_tokens", "seed", "init_from")
