@@ -95,7 +95,15 @@ def test_each_subcommand_takes_only_the_options_it_reads(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_the_curve_runs_with_its_own_defaults(monkeypatch):
+@pytest.fixture
+def no_subject_built(monkeypatch):
+    """The CLI's subject, without building the toy models (these tests check the options only)."""
+    from verl_tlt.bench import subject
+
+    monkeypatch.setattr(subject, "bench_subject", lambda model, shape, drafter: (model, shape))
+
+
+def test_the_curve_runs_with_its_own_defaults(monkeypatch, no_subject_built):
     from verl_tlt.bench import sd_bench
     from verl_tlt.cli import main
 
@@ -105,7 +113,7 @@ def test_the_curve_runs_with_its_own_defaults(monkeypatch):
     assert calls[0][1] == ["8_4_16", "4_1_4"] and calls[0][2] == [1, 2, 4, 8, 16, 32, 64]
 
 
-def test_with_drafts_the_comparison_gets_its_own_defaults(monkeypatch):
+def test_with_drafts_the_comparison_gets_its_own_defaults(monkeypatch, no_subject_built):
     from verl_tlt.cli import main
 
     calls = []
@@ -113,3 +121,4 @@ def test_with_drafts_the_comparison_gets_its_own_defaults(monkeypatch):
     assert main(["bench", "sd", "drafts", "suffix", "mixed", "suffix"]) == 0
     config = calls[0][1]
     assert config == GroupBenchConfig(drafts=("suffix", "mixed"))
+    assert calls[0][2] == ("toy", "default")

@@ -1,9 +1,10 @@
 """`verl-tlt bench adaptive`: the adaptive policy against plain decoding and every fixed strategy, on a replayed
 long-tail rollout.
 
-All N fresh toy prompts start together on the trained toy target (with its warmed-up drafter), as in one RL rollout:
-the batch shrinks as short answers finish and a few long ones decode alone at the end. The default token cap, 1024,
-is above the toy world's longest solution (937 tokens), so it cuts only answers that loop. Decoding is greedy, so
+All N fresh prompts start together on the subject's target (`verl_tlt.bench.subject`: the trained toy by default, or
+a real model; each with its warmed-up drafter), as in one RL rollout: the batch shrinks as short answers finish and a
+few long ones decode alone at the end. The default token cap, 1024, is above the toy world's longest solution (937
+tokens), so it cuts only answers that loop. Decoding is greedy, so
 every run produces the same tokens (checked) and the runs differ only in time. Runs: plain; for each candidate
 strategy, that strategy at every decode step with at most `threshold` running requests (plain above, like the
 policy); and the adaptive policy (`tlt.speculative` defaults unless overridden). In RL the policy lives as long as
@@ -31,6 +32,7 @@ from collections.abc import Callable
 
 import torch
 
+from verl_tlt.bench.subject import BenchSubject
 from verl_tlt.config import SpeculativeConfig
 from verl_tlt.engine import RolloutEngine, SamplingParams
 from verl_tlt.files import write_json
@@ -187,22 +189,28 @@ def worst_above_threshold_ratio(plain_steps, adaptive_steps, threshold: int, min
     return min(group["ratio"] for group in groups.values()) if groups else None
 
 
-def toy_rollout(
-    num_requests: int, max_tokens: int, warm_up_strategy: str, *, device: str = "cpu", cuda_graphs: bool = False
+def bench_rollout(
+    subject: BenchSubject,
+    num_requests: int,
+    max_tokens: int,
+    warm_up_strategy: str,
+    *,
+    device: str = "cpu",
+    cuda_graphs: bool = False,
 ):
-    """The benchmark's workload: (target dir, drafter dir, engine, prompts, params) for `num_requests` fresh toy
-    prompts decoded greedily up to `max_tokens`, on an engine already warmed up with `warm_up_strategy`."""
-    from verl_tlt.toy.drafter import ensure_toy_drafter, toy_prompts
-    from verl_tlt.toy.sft import ensure_toy_target
-
-    target, drafter_dir = ensure_toy_target(), ensure_toy_drafter()
+    """The benchmark's workload: (engine, prompts, params) for `num_requests` fresh prompts of the subject decoded
+    greedily up to `max_tokens`, on an engine already warmed up with `warm_up_strategy`."""
     engine = RolloutEngine.from_pretrained(
-        str(target), drafter=str(drafter_dir), max_num_seqs=num_requests, device=device, cuda_graphs=cuda_graphs
+        str(subject.target),
+        drafter=str(subject.drafter),
+        max_num_seqs=num_requests,
+        device=device,
+        cuda_graphs=cuda_graphs,
     )
-    prompts = toy_prompts(target, num_requests, PROBLEM_SEED)
+    prompts = subject.prompts(num_requests, PROBLEM_SEED)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     engine.generate(prompts[:4], params, strategy=warm_up_strategy)  # warm-up
-    return target, drafter_dir, engine, prompts, params
+    return engine, prompts, params
 
 
 def run(
@@ -211,12 +219,15 @@ def run(
     max_tokens: int,
     repeats: int,
     config: SpeculativeConfig,
+    subject: BenchSubject,
     *,
     device: str = "cpu",
     cuda_graphs: bool = False,
 ) -> dict:
-    rollout = toy_rollout(num_requests, max_tokens, config.strategies[0], device=device, cuda_graphs=cuda_graphs)
-    target, drafter_dir, engine, prompts, params = rollout
+    rollout = bench_rollout(
+        subject, num_requests, max_tokens, config.strategies[0], device=device, cuda_graphs=cuda_graphs
+    )
+    engine, prompts, params = rollout
     warm_policies = []
     variants = _variants(engine, prompts, params, config, warm_policies)
     progress = Progress("bench adaptive", repeats * len(variants), unit="timed runs")
@@ -224,8 +235,7 @@ def run(
     comparison = _comparison(best, round_seconds, config, num_requests)
     result = {
         "benchmark": "adaptive",
-        "target": str(target),
-        "drafter": str(drafter_dir),
+        **subject.about(),
         "num_requests": num_requests,
         "num_tokens": comparison.pop("num_tokens"),
         "max_tokens": max_tokens,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from verl_tlt.bench.sd_cli import add_sd
+from verl_tlt.bench.sd_cli import add_model_argument, add_sd, subject_of
 from verl_tlt.commands import add_command, add_group, options, positive_int, run_alone, usage_error
 
 
@@ -128,6 +128,7 @@ def _add_adaptive(bench: argparse._SubParsersAction) -> None:
         bench, "adaptive", _run_adaptive, "adaptive policy vs plain and fixed strategies on a long-tail rollout"
     )
     adaptive.add_argument("--json", help="write results to this path")
+    add_model_argument(adaptive)
     adaptive.add_argument("--device", default="cpu", help="torch device of target and drafter (e.g. cuda)")
     adaptive.add_argument(
         "--num-requests", type=positive_int, default=256, help="prompts of the rollout, started together"
@@ -147,7 +148,8 @@ def _run_adaptive(args: argparse.Namespace) -> int:
     from verl_tlt.bench.adaptive_bench import run as run_adaptive
 
     workload = options(args, "num_requests", "max_tokens", "repeats", "device", "cuda_graphs")
-    run_adaptive(args.json, config=speculative_config(args, ADAPTIVE_POLICY_KEYS), **workload)
+    config = speculative_config(args, ADAPTIVE_POLICY_KEYS)
+    run_adaptive(args.json, config=config, subject=subject_of(args), **workload)
     return 0
 
 

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 
 from verl_tlt.bench.host import host_info
 from verl_tlt.bench.sd_bench import PROBLEM_SEED, acceptance_length, timed_generate
+from verl_tlt.bench.subject import BenchSubject
 from verl_tlt.engine import CompletionOutput, RolloutEngine, SamplingParams
 from verl_tlt.engine.group_drafts import GroupDrafts
 from verl_tlt.files import write_json
@@ -288,20 +289,17 @@ def compare(engine: RolloutEngine, prompts: Sequence[Sequence[int]], config: Gro
 def run(
     json_path: str | None,
     config: GroupBenchConfig,
-    toy_shape: str = "default",
+    subject: BenchSubject,
     *,
     device: str = "cpu",
     sampling: str = "keyed",
 ) -> dict:
-    """The comparison on the trained toy target and its warmed-up drafter; prints rows, optionally writes JSON."""
-    from verl_tlt.toy.drafter import ensure_toy_drafter, toy_prompts
-    from verl_tlt.toy.sft import ensure_toy_target
-
-    target, drafter_dir = ensure_toy_target(shape=toy_shape), ensure_toy_drafter(shape=toy_shape)
-    engine = RolloutEngine.from_pretrained(str(target), drafter=str(drafter_dir), device=device, sampling=sampling)
-    prompts = toy_prompts(target, config.num_prompts, PROBLEM_SEED)
-    about = {"target": str(target), "drafter": str(drafter_dir), "toy_shape": toy_shape, "device": device}
-    return measure(json_path, engine, prompts, config, **about)
+    """The comparison on the subject's target and warmed-up drafter; prints rows, optionally writes JSON."""
+    engine = RolloutEngine.from_pretrained(
+        str(subject.target), drafter=str(subject.drafter), device=device, sampling=sampling
+    )
+    prompts = subject.prompts(config.num_prompts, PROBLEM_SEED)
+    return measure(json_path, engine, prompts, config, **subject.about(), device=device)
 
 
 def measure(json_path: str | None, engine: RolloutEngine, prompts, config: GroupBenchConfig, **about) -> dict:

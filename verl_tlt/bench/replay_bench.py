@@ -11,8 +11,9 @@ from __future__ import annotations
 import statistics
 import time
 
-from verl_tlt.bench.adaptive_bench import toy_rollout
+from verl_tlt.bench.adaptive_bench import bench_rollout
 from verl_tlt.bench.replay import StepCosts, compare, nearest_batch_size
+from verl_tlt.bench.subject import bench_subject
 from verl_tlt.config import SpeculativeConfig
 from verl_tlt.engine import RolloutEngine
 from verl_tlt.files import write_json
@@ -96,8 +97,9 @@ def run(
     if costs_path:
         costs = StepCosts.from_json(costs_path)
     else:
-        rollout = toy_rollout(num_requests, max_tokens, config.strategies[0], device=device, cuda_graphs=cuda_graphs)
-        _, _, engine, prompts, params = rollout
+        engine, prompts, params = bench_rollout(
+            bench_subject(), num_requests, max_tokens, config.strategies[0], device=device, cuda_graphs=cuda_graphs
+        )
         costs = record_step_costs(engine, prompts, params, config.strategies, config.threshold, repeats)
         if save_costs:
             costs.to_json(save_costs)

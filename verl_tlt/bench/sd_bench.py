@@ -1,21 +1,21 @@
-"""`verl-tlt bench sd curve`: speculative vs plain decoding with the torch engine on the trained toy target.
+"""`verl-tlt bench sd curve`: speculative vs plain decoding with the torch engine on a target and its drafter.
 
-The drafter is the cached warm-up drafter (`verl_tlt.toy.drafter.ensure_toy_drafter`). For each strategy and
-batch size B, `rounds` batches of B fresh toy prompts are decoded to completion (natural EOS, max_tokens cap),
-each once plainly and once speculatively on the same engine object, one after the other; tokens/s of each,
-summed over the rounds, and their ratio are printed. The
-curve is greedy by default: both runs then produce the same tokens (checked, `greedy_identical`), so the ratio
-compares equal work; at T=1 the two runs draw different samples whose lengths differ, and with few requests the
-longest one dominates. Acceptance length (tokens per verify step including the bonus token) comes from the
-engine's per-request SD stats, at batch 1, greedy and T=1. Ratios from one run.
+The subject (`verl_tlt.bench.subject`): the trained toy target by default, or a real model, each with its cached
+warm-up drafter. For each strategy and batch size B, `rounds` batches of B fresh prompts are decoded to completion
+(natural EOS, max_tokens cap), each once plainly and once speculatively on the same engine object, one after the
+other; tokens/s of each, summed over the rounds, and their ratio are printed. The curve is greedy by default: both
+runs then produce the same tokens (checked, `greedy_identical`), so the ratio compares equal work; at T=1 the two
+runs draw different samples whose lengths differ, and with few requests the longest one dominates. Acceptance length
+(tokens per verify step including the bonus token) comes from the engine's per-request SD stats, at batch 1, greedy
+and T=1. Ratios from one run.
 """
 
 from __future__ import annotations
 
 import time
 
-import torch
-
+from verl_tlt.bench.host import host_info
+from verl_tlt.bench.subject import BenchSubject
 from verl_tlt.engine import CompletionOutput, RolloutEngine, SamplingParams
 from verl_tlt.files import write_json
 from verl_tlt.progress import Progress
@@ -81,7 +81,7 @@ def run(
     temperature: float,
     max_tokens: int,
     acceptance_prompts: int,
-    toy_shape: str = "default",
+    subject: BenchSubject,
     rounds: int = 4,
     *,
     device: str = "cpu",
@@ -89,20 +89,16 @@ def run(
     cuda_graphs: bool = False,
     sampling: str = "keyed",
 ) -> dict:
-    from verl_tlt.toy.drafter import ensure_toy_drafter, toy_prompts
-    from verl_tlt.toy.sft import ensure_toy_target
-
-    target, drafter_dir = ensure_toy_target(shape=toy_shape), ensure_toy_drafter(shape=toy_shape)
     engine = RolloutEngine.from_pretrained(
-        str(target),
-        drafter=str(drafter_dir),
+        str(subject.target),
+        drafter=str(subject.drafter),
         max_num_seqs=max(batch_sizes),
         device=device,
         compile=compile,
         cuda_graphs=cuda_graphs,
         sampling=sampling,
     )
-    prompts = toy_prompts(target, max(max(batch_sizes) * rounds, acceptance_prompts), PROBLEM_SEED)
+    prompts = subject.prompts(max(max(batch_sizes) * rounds, acceptance_prompts), PROBLEM_SEED)
     engine.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=8), strategy=strategies[0])  # warm-up
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0)
     if compile or cuda_graphs:
@@ -114,9 +110,8 @@ def run(
     rows = _speedup_curve(engine, prompts, params, strategies, batch_sizes, rounds)
     result = {
         "benchmark": "sd",
-        "target": str(target),
-        "toy_shape": toy_shape,
-        "drafter": str(drafter_dir),
+        **subject.about(),
+        **host_info(),
         "strategies": strategies,
         "curve_temperature": temperature,
         "max_tokens": max_tokens,
@@ -125,8 +120,7 @@ def run(
         "compiled": compile,
         "sampling": sampling,
         "cuda_graphs": engine.runner.graphs.memory_report() if engine.runner.graphs is not None else None,
-        "torch_threads": torch.get_num_threads(),
-        "dtype": "float32",
+        "dtype": str(engine.dtype).removeprefix("torch."),
         # Headline acceptance lengths: the first (deepest by default) strategy, batch 1.
         "acceptance_length_greedy": acceptance[strategies[0]]["greedy"],
         "acceptance_length_t1": acceptance[strategies[0]]["t1"],

@@ -22,7 +22,7 @@ DRAFT_SOURCES = ("eagle", "suffix", "mixed")
 
 
 def add_sd(bench: argparse._SubParsersAction) -> None:
-    sd = add_group(bench, "sd", "speculative vs plain decoding on the trained toy target (acceptance, speedup)")
+    sd = add_group(bench, "sd", "speculative vs plain decoding, the toy target or a real model (acceptance, speedup)")
     curve = add_command(sd, "curve", _run_curve, "the torch engine's speedup curve and acceptance lengths")
     _add_measurement(curve, SD_BATCH_SIZES)
     _add_torch_engine(curve)
@@ -85,6 +85,7 @@ def add_sd(bench: argparse._SubParsersAction) -> None:
 
 def _add_measurement(parser: argparse.ArgumentParser, batch_sizes: tuple[int, ...]) -> None:
     parser.add_argument("--json", help="write results to this path")
+    add_model_argument(parser)
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=list(batch_sizes), help="batch sizes measured")
     parser.add_argument("--max-tokens", type=int, default=512, help="cap on each answer's tokens")
     parser.add_argument("--rounds", type=int, default=4, help="batches of fresh prompts per batch size, summed")
@@ -104,6 +105,38 @@ def _add_torch_engine(parser: argparse.ArgumentParser) -> None:
         help="toy target shape (verl_tlt.toy.model.TOY_SHAPES); deep = 8 layers of width 96, trained and cached on "
         "first use",
     )
+
+
+def add_model_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        default="toy",
+        help="what is decoded: toy (the trained toy target, the fast default) or a real model of `verl-tlt models "
+        "list` (prepared, and its drafter warmed up on its own answers to the real tasks, on first use: about half "
+        "an hour on 2 cores for smollm2-135m)",
+    )
+    parser.add_argument(
+        "--drafter",
+        default=None,
+        help="an exported drafter folder (e.g. `verl-tlt drafter warmup --out`) to draft with instead of the "
+        "model's cached warm-up drafter",
+    )
+
+
+def subject_of(args: argparse.Namespace):
+    """The `verl_tlt.bench.subject.BenchSubject` that --model (and --toy-shape, where the command has it) name."""
+    from verl_tlt.bench.subject import bench_subject, known_subjects
+    from verl_tlt.models.prepare import MODEL_ERRORS
+
+    if args.model not in known_subjects():
+        usage_error(args, f"--model must be one of {', '.join(known_subjects())}, got {args.model!r}")
+    toy_shape = getattr(args, "toy_shape", "default")
+    if args.model != "toy" and toy_shape != "default":
+        usage_error(args, f"--toy-shape applies to --model toy only, not to --model {args.model}")
+    try:
+        return bench_subject(args.model, toy_shape, args.drafter)
+    except MODEL_ERRORS as error:
+        usage_error(args, str(error))
 
 
 def _check_measurement(args: argparse.Namespace) -> None:
@@ -138,7 +171,7 @@ def _run_curve(args: argparse.Namespace) -> int:
         args.temperature,
         args.max_tokens,
         args.acceptance_prompts,
-        args.toy_shape,
+        subject_of(args),
         args.rounds,
         device=args.device,
         compile=args.compile,
@@ -173,7 +206,7 @@ def _run_drafts(args: argparse.Namespace) -> int:
         rounds=args.rounds,
         max_tokens=args.max_tokens,
     )
-    run_group_sd(args.json, config, args.toy_shape, device=args.device, sampling=args.sampling)
+    run_group_sd(args.json, config, subject_of(args), device=args.device, sampling=args.sampling)
     return 0
 
 
@@ -198,6 +231,7 @@ def _run_vllm(args: argparse.Namespace) -> int:
         args.max_tokens,
         args.rounds,
         args.threshold,
+        subject_of(args),
         long_tail_prompts=args.long_tail_prompts,
     )
     return 0

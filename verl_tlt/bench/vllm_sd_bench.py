@@ -1,10 +1,11 @@
 """`verl-tlt bench sd vllm`: speculative vs plain decoding on vLLM (the engine TLT sets up in verl).
 
-Two engines in one process on the cached toy target: a plain one, and a TLT-configured one (the warmed-up toy
-drafter as vLLM's EAGLE-1 ``speculative_config``, TLT's worker extension and stat logger; see
+Two engines in one process on the subject's target (`verl_tlt.bench.subject`: the toy by default, or a real
+model): a plain one, and a TLT-configured one (the subject's warmed-up drafter as vLLM's EAGLE-1
+``speculative_config``, TLT's worker extension and stat logger; see
 ``verl_tlt.integrations.vllm.local_engine``). Plain decoding is measured on its own engine because vLLM's K=0
 still runs the drafter's first pass: on the speculating engine it would not be plain. Per batch size B, `rounds`
-batches of B fresh toy prompts are decoded to completion by both engines in turn (plain, then SD, round by round);
+batches of B fresh prompts are decoded to completion by both engines in turn (plain, then SD, round by round);
 tokens/s summed over the rounds and their ratio are printed and saved, with the greedy outputs compared
 (``greedy_identical``) and the acceptance length read from vLLM's spec-decode stats. Ratios from one run.
 
@@ -12,7 +13,7 @@ Three measurements, each interleaving its engines round by round so machine drif
 - fixed K: one SD engine per K (``--ks``), speculating at every batch size, against plain at each batch size;
 - the threshold gate: one engine per K with TLT's schedule (K up to ``--threshold`` running requests, plain above),
   against plain at the batch sizes above the threshold, where it must cost (almost) nothing;
-- the long tail: a rollout of ``--long-tail-prompts`` toy prompts (answers of very different lengths) decoded by
+- the long tail: a rollout of ``--long-tail-prompts`` prompts (answers of very different lengths) decoded by
   each gated fixed-K engine and by the engine with TLT's adaptive K policy (``k_scheduler``); the policy's tokens/s
   against the best fixed K's. Every engine decodes one untimed rollout first (the policy learns there too).
 Must run under ``if __name__ == "__main__"`` (vLLM spawns its engine core); the CLI does.
@@ -20,6 +21,8 @@ Must run under ``if __name__ == "__main__"`` (vLLM spawns its engine core); the 
 
 from __future__ import annotations
 
+from verl_tlt.bench.host import host_info
+from verl_tlt.bench.subject import BenchSubject
 from verl_tlt.config import SpeculativeConfig
 from verl_tlt.files import write_json
 from verl_tlt.policy import SpeculationGate
@@ -56,16 +59,23 @@ def bench_batch(plain, sd, rounds: list[list[list[int]]], max_tokens: int, progr
 
 
 class _Setup:
-    """The cached toy target and drafter, the prompts and the engine options every measurement shares."""
+    """The subject's target and drafter, the prompts and the engine options every measurement shares."""
 
-    def __init__(self, ks: list[int], batch_sizes: list[int], rounds: int, threshold: int, tail: int, max_len: int):
-        from verl_tlt.toy.drafter import ensure_toy_drafter, toy_prompts
-        from verl_tlt.toy.sft import ensure_toy_target
-
+    def __init__(
+        self,
+        subject: BenchSubject,
+        ks: list[int],
+        batch_sizes: list[int],
+        rounds: int,
+        threshold: int,
+        tail: int,
+        max_len: int,
+    ):
+        self.subject = subject
         self.ks, self.rounds, self.threshold, self.tail = ks, rounds, threshold, tail
-        self.target, self.drafter = str(ensure_toy_target()), str(ensure_toy_drafter())
+        self.target, self.drafter = str(subject.target), str(subject.drafter)
         self.max_seqs = max(max(batch_sizes), tail)
-        self.prompts = toy_prompts(self.target, max(batch_sizes) * rounds + tail * (rounds + 1), PROBLEM_SEED)
+        self.prompts = subject.prompts(max(batch_sizes) * rounds + tail * (rounds + 1), PROBLEM_SEED)
         self.tail_prompts = self.prompts[len(self.prompts) - tail * (rounds + 1) :]
         self.common = {"max_num_seqs": self.max_seqs, "max_model_len": max_len}
 
@@ -106,11 +116,12 @@ def run(
     max_tokens: int,
     rounds: int,
     threshold: int,
+    subject: BenchSubject,
     *,
     long_tail_prompts: int = 64,
     max_model_len: int = 1024,
 ) -> dict:
-    setup = _Setup(ks, batch_sizes, rounds, threshold, long_tail_prompts, max_model_len)
+    setup = _Setup(subject, ks, batch_sizes, rounds, threshold, long_tail_prompts, max_model_len)
     gated_sizes = [b for b in batch_sizes if not SpeculationGate(threshold).speculates(b)]
     progress = Progress(
         "bench sd vllm",
@@ -172,8 +183,8 @@ def _summary(setup: _Setup, rows, gated_rows, long_tail: dict, smallest_batch: i
         "benchmark": "sd",
         "backend": "vllm",
         "vllm": _vllm_version(),
-        "target": setup.target,
-        "drafter": setup.drafter,
+        **setup.subject.about(),
+        **host_info(),
         "dtype": "float32",
         "max_tokens": max_tokens,
         "rounds": setup.rounds,

@@ -1,0 +1,73 @@
+"""A warmed-up EAGLE drafter for a real model on the real tasks, cached next to the model (benchmarks, tests,
+quickstart): the real-model twin of `verl_tlt.toy.drafter`.
+
+The drafter learns from the model's own greedy and T=1 answers to reasoning-gym problems asked as the RL data asks
+them (the same chat prompt and template), from a problem seed apart from the train and validation splits'.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from verl_tlt.chat import chat_prompt_ids
+from verl_tlt.config import DrafterConfig
+from verl_tlt.files import build_once, default_cache_root
+from verl_tlt.models.prepare import ensure_model
+from verl_tlt.tasks.answers import chat_prompt
+from verl_tlt.tasks.dataset import mixed_problems
+from verl_tlt.tasks.registry import DEFAULT_TASKS
+
+# Bump when the recipe below changes, so stale cached drafters are not reused.
+TASK_DRAFTER_VERSION = 1
+DEFAULT_MODEL = "smollm2-135m"
+WARMUP_PROBLEMS_PER_TASK = 96
+WARMUP_STEPS = 400
+WARMUP_TEMPERATURES = (0.0, 1.0)
+# The tasks' answers: p50 34-233 tokens, p90 at the 256 cap (docs/real_models.md); the cap keeps the tail's
+# positions in the data without letting a few runaway samples fill it.
+WARMUP_MAX_TOKENS = 256
+# Depth 1 and 1024 tokens a step: each trained position costs three passes through the 49k-vocabulary LM head
+# (target distribution, drafter logits, their gradient), which dominates a step of a 576-wide drafter; deeper
+# training multiplies that and did not fit a 2-core warm-up.
+WARMUP_CONFIG = DrafterConfig(lr=1e-3, max_tokens_per_batch=1024, train_depth=1)
+# Problems for the warm-up come from this seed, away from `verl-tlt tasks write`'s train (0) and validation seeds.
+WARMUP_PROBLEM_SEED = 4242
+
+
+def task_prompts(model_path: str | Path, per_task: int, seed: int, tasks: Sequence[str] = DEFAULT_TASKS):
+    """Token-id chat prompts of `per_task` fresh problems of each task, interleaved, as verl renders the parquet."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    return [chat_prompt_ids(tokenizer, chat_prompt(p.question)) for p in mixed_problems(tasks, per_task, seed)]
+
+
+def ensure_task_drafter(
+    model: str = DEFAULT_MODEL,
+    cache_root: str | Path | None = None,
+    *,
+    seed: int = 0,
+    num_steps: int = WARMUP_STEPS,
+    per_task: int = WARMUP_PROBLEMS_PER_TASK,
+) -> Path:
+    """Path of a drafter warmed up on the prepared model's own answers to the real tasks (trained once, reused)."""
+    from verl_tlt.warmup.offline import warmup_drafter
+
+    root = Path(cache_root) if cache_root is not None else default_cache_root()
+    target = ensure_model(model, root)
+
+    def warm_up(out_dir: Path) -> None:
+        warmup_drafter(
+            str(target),
+            task_prompts(target, per_task, WARMUP_PROBLEM_SEED + seed),
+            out_dir,
+            num_steps=num_steps,
+            temperature=WARMUP_TEMPERATURES,
+            max_tokens=WARMUP_MAX_TOKENS,
+            seed=seed,
+            config=WARMUP_CONFIG,
+        )
+
+    entry = root / f"task-drafter-v{TASK_DRAFTER_VERSION}-{target.name}-p{per_task}-steps{num_steps}-seed{seed}"
+    return build_once(entry, lambda path: (path / "config.json").is_file(), warm_up, f"{model} drafter")
