@@ -243,6 +243,25 @@ class DrafterConfig:
             "drafter's, both through the shared LM head), EAGLE's 0.1."
         },
     )
+    teacher_top_k: int = field(
+        default=64,
+        metadata={
+            "help": "The target's next-token distribution is stored per captured token as its top-k ids and log-probs "
+            "plus the rest's mass, computed once when the token is captured, so training never runs the target's LM "
+            "head; the token loss scores the drafter on those k tokens and 'the rest'. 0 = the dense recipe (the "
+            "target's head over every trained token at every step: exact, and several times slower)."
+        },
+    )
+    draft_vocab_size: int = field(
+        default=8192,
+        metadata={
+            "help": "The drafter drafts over this many target tokens, the most frequent among the response tokens it "
+            "trains on (EAGLE-3's reduced vocabulary; the map grows by appending as new tokens appear, up to this "
+            "size); its LM head, and what drafting and training pay for it, covers only those. Verification stays "
+            "over the full vocabulary, so outputs are unchanged; tlt/drafter/draft_vocab_miss says how many sampled "
+            "tokens fall outside. 0 = the target's whole vocabulary."
+        },
+    )
     input_noise: float = field(
         default=0.0,
         metadata={
@@ -299,6 +318,11 @@ class DrafterConfig:
         for key in ("buffer_tokens", "capture_tokens", "sync_every", "min_idle_replicas", "train_depth"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{path}.{key} must be >= 1, got {getattr(self, key)}")
+        for key, example in (("teacher_top_k", 64), ("draft_vocab_size", 8192)):
+            if getattr(self, key) < 0:
+                raise ValueError(
+                    f"{path}.{key} must be >= 0 (0 = off), got {getattr(self, key)}; e.g. {path}.{key}={example}"
+                )
         if self.max_tokens_per_batch < 2:  # a training pair spans two tokens
             raise ValueError(f"{path}.max_tokens_per_batch must be >= 2, got {self.max_tokens_per_batch}")
         if not (math.isfinite(self.lr) and self.lr > 0):

@@ -15,9 +15,10 @@ from verl_tlt.config import DrafterConfig
 from verl_tlt.drafter import safe_state
 from verl_tlt.drafter.checkpoint import LEGACY_FILE, write_checkpoint
 from verl_tlt.drafter.data import DrafterDataBuffer, DrafterSample, pack
+from verl_tlt.drafter.losses import drafter_losses
 from verl_tlt.drafter.model import EagleDrafterModel
 from verl_tlt.drafter.safe_state import STATE_FILE, TENSORS_FILE
-from verl_tlt.drafter.trainer import DrafterTrainer, drafter_forward, drafter_losses
+from verl_tlt.drafter.trainer import DrafterTrainer, drafter_forward
 from verl_tlt.engine import RolloutEngine, SamplingParams
 from verl_tlt.engine.eagle_drafter import EagleDrafter
 from verl_tlt.files import previous_directory
@@ -44,12 +45,14 @@ def target(tmp_path_factory):
 
 
 def make_trainer(engine, samples, seed: int = 0, **config) -> DrafterTrainer:
+    """A trainer with the default recipe (sparse teacher labels, a draft vocabulary) unless `config` says otherwise."""
     torch.manual_seed(0)
-    buffer = DrafterDataBuffer(max_tokens=100_000)
-    buffer.add(samples)
     config.setdefault("lr", 3e-3)
     config.setdefault("max_tokens_per_batch", 128)
-    return DrafterTrainer(EagleDrafterModel.from_target(engine.model), buffer, DrafterConfig(**config), seed=seed)
+    model = EagleDrafterModel.from_target(engine.model)
+    trainer = DrafterTrainer(model, DrafterDataBuffer(max_tokens=100_000), DrafterConfig(**config), seed=seed)
+    trainer.add_samples(samples)
+    return trainer
 
 
 def test_training_lowers_the_loss_and_leaves_shared_weights_alone(target):

@@ -86,7 +86,7 @@ def replay(
         report = trainer.train(max_steps=max_steps) if max_steps > 0 else None
         online = evaluate_drafter(model, record.samples, eval_tokens) if report is not None else in_rollout
         initial = evaluate_drafter(frozen, record.samples, eval_tokens)
-        trainer.buffer.add(record.samples)
+        trainer.add_samples(record.samples)
         row = {
             "step": record.step,
             "samples": len(record.samples),

@@ -20,16 +20,21 @@ from dataclasses import dataclass
 
 import torch
 
+from verl_tlt.drafter.teacher import TeacherLabels
+
 
 @dataclass
 class DrafterSample:
     """One sequence: token_ids [T] long, hidden_states [T, H] (target last layer, after the final norm),
-    response_mask [T] bool (True where the token is part of the response), step: the RL step it came from."""
+    response_mask [T] bool (True where the token is part of the response), step: the RL step it came from,
+    teacher: the target's sparse next-token distribution at each of the T positions (`verl_tlt.drafter.teacher`),
+    or None until it is labelled."""
 
     token_ids: torch.Tensor
     hidden_states: torch.Tensor
     response_mask: torch.Tensor
     step: int = 0
+    teacher: TeacherLabels | None = None
 
     def __post_init__(self) -> None:
         length = self.token_ids.shape[0]
@@ -38,27 +43,48 @@ class DrafterSample:
                 f"DrafterSample needs one hidden state and one mask entry per token: {length} tokens, "
                 f"{self.hidden_states.shape[0]} hidden states, {self.response_mask.shape[0]} mask entries"
             )
+        if self.teacher is not None and self.teacher.num_positions != length:
+            raise ValueError(
+                f"DrafterSample needs teacher labels for each of its {length} tokens, got {self.teacher.num_positions}"
+            )
 
     @property
     def num_tokens(self) -> int:
         return self.token_ids.shape[0]
 
-    def fields(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-        """(token_ids, hidden_states, response_mask, step): how checkpoints and recordings store a sample."""
-        return self.token_ids, self.hidden_states, self.response_mask, self.step
+    def fields(self) -> tuple:
+        """(token_ids, hidden_states, response_mask, step), then the teacher's (token_ids, log_probs, rest_mass) if
+        labelled: how checkpoints and recordings store a sample."""
+        base = (self.token_ids, self.hidden_states, self.response_mask, self.step)
+        if self.teacher is None:
+            return base
+        return (*base, self.teacher.token_ids, self.teacher.log_probs, self.teacher.rest_mass)
 
     @classmethod
     def from_fields(cls, fields: object, where: str = "sample") -> DrafterSample:
-        """The sample `fields()` stored; ValueError naming `where` if they are not three tensors and a step >= 0."""
-        is_sample = isinstance(fields, tuple) and len(fields) == 4
-        if not (is_sample and all(isinstance(f, torch.Tensor) for f in fields[:3])):
-            raise ValueError(f"{where} must be (token_ids, hidden_states, response_mask, step)")
+        """The sample `fields()` stored; ValueError naming `where` if they are not three tensors and a step >= 0
+        (then, if labelled, three teacher tensors of matching shapes)."""
+        is_sample = isinstance(fields, tuple) and len(fields) in (4, 7)
+        tensors = fields[:3] + fields[4:] if is_sample else ()
+        if not (is_sample and all(isinstance(f, torch.Tensor) for f in tensors)):
+            raise ValueError(
+                f"{where} must be (token_ids, hidden_states, response_mask, step[, teacher_ids, teacher_log_probs, "
+                "teacher_rest_mass])"
+            )
         step = fields[3]
         if not isinstance(step, int) or isinstance(step, bool):
             raise ValueError(f"{where}/step must be an integer, found {step!r}")
         if step < 0:  # RL steps count from 0
             raise ValueError(f"{where}/step must be >= 0, found {step}")
-        return cls(*fields)
+        try:
+            teacher = TeacherLabels(*fields[4:]) if len(fields) == 7 else None
+            return cls(*fields[:4], teacher=teacher)
+        except ValueError as error:
+            raise ValueError(f"{where}: {error}") from error
+
+    def labelled(self, teacher: TeacherLabels) -> DrafterSample:
+        """This sample with `teacher` labels (the same tensors otherwise)."""
+        return DrafterSample(self.token_ids, self.hidden_states, self.response_mask, self.step, teacher)
 
     @property
     def num_loss_pairs(self) -> int:
@@ -66,8 +92,9 @@ class DrafterSample:
 
     def window(self, start: int, end: int) -> DrafterSample:
         """Tokens [start, end) with their hidden states and mask entries (views, not copies)."""
+        teacher = self.teacher.window(start, end) if self.teacher is not None else None
         return DrafterSample(
-            self.token_ids[start:end], self.hidden_states[start:end], self.response_mask[start:end], self.step
+            self.token_ids[start:end], self.hidden_states[start:end], self.response_mask[start:end], self.step, teacher
         )
 
 
@@ -100,7 +127,9 @@ class PackedBatch:
 
     next_token_ids [1, N]: t_{j+1}. input_hidden [1, N, H]: h_j. target_hidden [1, N, H]: h_{j+1}.
     loss_mask [1, N] bool. positions [1, N]: j, restarting per sample. attn_mask [1, 1, N, N] bool,
-    block-diagonal causal. sample_ids: the buffer ids of the packed samples.
+    block-diagonal causal. sample_ids: the buffer ids of the packed samples. teacher: the target's sparse
+    distribution of each pair's predicted token (t_{j+2}, the labels of position j + 1), None unless every packed
+    sample is labelled.
     """
 
     next_token_ids: torch.Tensor
@@ -110,6 +139,7 @@ class PackedBatch:
     positions: torch.Tensor
     attn_mask: torch.Tensor
     sample_ids: list[int]
+    teacher: TeacherLabels | None = None
 
     @property
     def num_pairs(self) -> int:
@@ -124,6 +154,7 @@ class PackedBatch:
             self.positions.to(device),
             self.attn_mask.to(device),
             self.sample_ids,
+            self.teacher.to(device) if self.teacher is not None else None,
         )
 
 
@@ -144,7 +175,21 @@ def pack(samples: list[DrafterSample], sample_ids: list[int] | None = None) -> P
         positions=positions.unsqueeze(0),
         attn_mask=(same_sample & causal).view(1, 1, len(segments), len(segments)),
         sample_ids=list(sample_ids) if sample_ids is not None else list(range(len(samples))),
+        teacher=_packed_teacher(samples),
     )
+
+
+def _packed_teacher(samples: list[DrafterSample]) -> TeacherLabels | None:
+    """The pairs' labels (positions 1..T-1 of each sample), or None unless every sample is labelled."""
+    if any(sample.teacher is None for sample in samples):
+        return None
+    sizes = {sample.teacher.top_k for sample in samples}
+    if len(sizes) > 1:
+        raise ValueError(
+            f"cannot pack samples labelled with different teacher top-k {sorted(sizes)}: label them with one "
+            "tlt.drafter.teacher_top_k"
+        )
+    return TeacherLabels.cat([sample.teacher.window(1, sample.num_tokens) for sample in samples])
 
 
 def _pairs(sample: DrafterSample):

@@ -60,7 +60,7 @@ def evaluate_drafter(
     for part in chunks:
         batch = pack(part).to(device, dtype)
         mask = batch.loss_mask
-        target_probs = model.logits(batch.target_hidden).float().softmax(-1)
+        target_probs = model.target_logits(batch.target_hidden).float().softmax(-1)
         # Each start's chain along its response: survival of every depth so far, under keyed and greedy drafting.
         alive_coupled = alive_greedy = mask.float()
         chain_coupled += float(alive_coupled.sum())  # the verify step's own token

@@ -46,7 +46,10 @@ silently dropping the norms, and a vLLM plugin may register that architecture. Q
 stock vLLM. `verl_tlt.drafter.load.load_eagle` reads both layouts back.
 
 Files: config.json + model.safetensors, written with `verl_tlt.files.atomic_directory`, so a reader sees the
-previous export or the new one, never a half-written mix.
+previous export or the new one, never a half-written mix. A drafter with a draft vocabulary adds draft_vocab.json
+(the target id of each draft slot, and the map's capacity): JSON, not safetensors, because vLLM loads every
+*.safetensors file of the folder and fails on a tensor its EAGLE-1 drafter lacks. vLLM's EAGLE-1 drafter then
+drafts over the full head (the file is for the torch engine, and for the EAGLE-3 export's `d2t`).
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ from verl_tlt.modeling.model import ModelSpec
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+DRAFT_VOCAB_FILE = "draft_vocab.json"
 LAYER_PREFIX = "layers.0."
 # architectures entry -> config model_type. The Eagle* spellings are what vLLM renames them to.
 SUPPORTED_ARCHITECTURES = {
@@ -102,6 +106,9 @@ def export_eagle(
     _check_replaceable(out)
     with atomic_directory(out) as tmp:
         save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        if model.draft_vocab is not None:
+            vocab = {"ids": model.draft_vocab.ids.tolist(), "capacity": model.draft_vocab.capacity}
+            atomic_write_text(tmp / DRAFT_VOCAB_FILE, json.dumps(vocab) + "\n")
         atomic_write_text(tmp / CONFIG_FILE, config_text)
     return out
 

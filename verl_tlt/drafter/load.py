@@ -16,8 +16,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from verl_tlt.drafter.draft_vocab import DraftVocab
 from verl_tlt.drafter.export import (
     CONFIG_FILE,
+    DRAFT_VOCAB_FILE,
     FORMAT_VERSION,
     SUPPORTED_ARCHITECTURES,
     WEIGHTS_FILE,
@@ -53,7 +55,23 @@ def load_eagle(path: str | os.PathLike, target: CausalLM) -> EagleDrafterModel:
     drafter = EagleDrafterModel(spec).to(device=param.device, dtype=param.dtype)
     _copy_tensors(drafter, tensors, target, path)
     drafter.attach(target)
+    drafter.set_draft_vocab(_read_draft_vocab(path, spec.vocab_size))
     return drafter
+
+
+def _read_draft_vocab(path: Path, vocab_size: int) -> DraftVocab | None:
+    """The export's draft vocabulary, None if it has none (it drafts over the whole vocabulary)."""
+    file = path / DRAFT_VOCAB_FILE
+    if not file.is_file():
+        return None
+    try:
+        saved = json.loads(file.read_text())
+        ids, capacity = saved["ids"], saved["capacity"]
+        if not (isinstance(ids, list) and all(isinstance(i, int) for i in ids) and isinstance(capacity, int)):
+            raise ValueError("'ids' must be a list of token ids and 'capacity' an integer")
+        return DraftVocab(torch.tensor(ids, dtype=torch.long), vocab_size, capacity)
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{file} is not a draft vocabulary of this target ({error}); re-export the drafter") from error
 
 
 def _read_config(path: Path) -> dict:

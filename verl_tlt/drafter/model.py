@@ -10,13 +10,20 @@ drafters work in the torch engine, and vLLM refuses them (see `verl_tlt.drafter.
 
 The target's embedding and LM head are shared by reference and never trained or saved with the drafter.
 Decoder modules come from the engine's model file so the drafter's layer is numerically the target's.
+
+With a draft vocabulary (`verl_tlt.drafter.draft_vocab`) the drafter's head is the target's head restricted to
+those rows: `draft_logits` covers the draft slots only (training, and the cost drafting pays), and `logits` puts
+them back in the full vocabulary with -inf elsewhere, so the engine's verification sees a proper distribution that
+is zero outside the draft vocabulary. The map travels in the state dict (`draft_vocab_ids`, `draft_vocab_capacity`).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from verl_tlt.drafter.draft_vocab import DraftVocab
 from verl_tlt.modeling.cpu_linear import CpuLayoutLinear
 from verl_tlt.modeling.model import AttentionBatch, CausalLM, DecoderLayer, ModelSpec
 
@@ -31,6 +38,8 @@ class EagleDrafterModel(nn.Module):
         self.layer = DecoderLayer(spec)
         self.layer.input_layernorm = nn.Identity()  # EAGLE drops it: fc's output is not a residual-stream state
         self._target: tuple[CausalLM, ...] = ()  # a tuple keeps the target out of parameters and state_dict
+        self.draft_vocab: DraftVocab | None = None  # None: draft over the target's whole vocabulary
+        self._draft_head: tuple[tuple, torch.Tensor] | None = None  # (what it was cut from, the head's draft rows)
 
     @classmethod
     def from_target(cls, target: CausalLM) -> EagleDrafterModel:
@@ -78,4 +87,71 @@ class EagleDrafterModel(nn.Module):
         return self.layer(fused, batch, k_cache, v_cache)
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
-        return self.target.lm_head(features)
+        """Draft logits over the target's whole vocabulary [..., V]: -inf outside the draft vocabulary, if any."""
+        if self.draft_vocab is None:
+            return self.target.lm_head(features)
+        draft = self.draft_logits(features)  # [..., Vd]
+        full = draft.new_full((*draft.shape[:-1], self.spec.vocab_size), float("-inf"))
+        return full.index_copy_(-1, self.draft_vocab_ids, draft)
+
+    def draft_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """Logits over the draft slots [..., Vd] (slot s is target token `draft_vocab.ids[s]`); [..., V] without a
+        draft vocabulary."""
+        if self.draft_vocab is None:
+            return self.target.lm_head(features)
+        return F.linear(features, self.draft_head_weight().to(features.dtype))
+
+    def target_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's own logits [..., V] (its full LM head), e.g. for the teacher's distribution."""
+        return self.target.lm_head(hidden)
+
+    def draft_head_weight(self) -> torch.Tensor:
+        """The LM head's rows of the draft vocabulary [Vd, H] (the whole head without one), frozen.
+
+        Kept as a copy, rebuilt when the target's weights change (a load bumps its `weights_generation`; an in-place
+        update bumps the parameter's version) or the map does.
+        """
+        weight = self.target.lm_head.weight
+        if self.draft_vocab is None:
+            return weight
+        source = (weight.data_ptr(), _version(weight), self.target.weights_generation, id(self.draft_vocab))
+        if self._draft_head is None or self._draft_head[0] != source:
+            rows = weight.detach().index_select(0, self.draft_vocab_ids.to(weight.device))
+            self._draft_head = (source, rows)
+        return self._draft_head[1]
+
+    def set_draft_vocab(self, vocab: DraftVocab | None) -> None:
+        """Draft over `vocab` from now on (None: the whole vocabulary)."""
+        if vocab is not None and vocab.vocab_size != self.spec.vocab_size:
+            raise ValueError(
+                f"a draft vocabulary over {vocab.vocab_size} tokens does not fit a drafter of vocabulary "
+                f"{self.spec.vocab_size}"
+            )
+        self.draft_vocab, self._draft_head = vocab, None
+        for name in ("draft_vocab_ids", "draft_vocab_capacity"):
+            if name in self._buffers:
+                del self._buffers[name]
+        if vocab is not None:
+            device = self.fc.weight.device
+            self.register_buffer("draft_vocab_ids", vocab.ids.to(device))
+            self.register_buffer("draft_vocab_capacity", torch.tensor(vocab.capacity, device=device))
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """nn.Module's, plus the draft vocabulary: a state with `draft_vocab_ids` sets it, one without clears it."""
+        state = dict(state_dict)
+        ids, capacity = state.get("draft_vocab_ids"), state.get("draft_vocab_capacity")
+        if ids is None:
+            self.set_draft_vocab(None)
+        else:
+            size = int(capacity) if capacity is not None else ids.numel()
+            self.set_draft_vocab(DraftVocab(ids, self.spec.vocab_size, size))
+            state["draft_vocab_capacity"] = torch.tensor(size)
+        return super().load_state_dict(state, strict=strict, assign=assign)
+
+
+def _version(tensor: torch.Tensor) -> int:
+    """The tensor's version counter; -1 for an inference tensor, which has none (and cannot change in place)."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return -1

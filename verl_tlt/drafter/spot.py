@@ -52,8 +52,9 @@ class SpotTrainer:
         return self._thread is not None and self._thread.is_alive()
 
     def add_samples(self, samples: Iterable[DrafterSample]) -> int:
-        """Add captured samples; safe while training runs (the buffer locks itself)."""
-        return self.trainer.buffer.add(samples)
+        """Label and add captured samples; safe while training runs (the buffer locks itself, and a grown draft
+        vocabulary waits for the next optimizer step)."""
+        return self.trainer.add_samples(list(samples))
 
     def start(self, max_steps: int | None = None) -> bool:
         """Begin background training; False if it is already running or there is nothing to train on."""
@@ -107,6 +108,8 @@ class SpotTrainer:
             "last_steps": report.steps if report else 0,
             "last_seconds": report.seconds if report else 0.0,
             "last_metrics": dict(report.last_metrics) if report else {},
+            "draft_vocab_size": len(vocab) if (vocab := self.trainer.model.draft_vocab) is not None else 0,
+            "draft_vocab_miss": self.trainer.last_draft_vocab_miss,
         }
 
     # ----- internals -----------------------------------------------------------------------------------------

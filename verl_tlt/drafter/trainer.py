@@ -1,10 +1,16 @@
 """Preemptible training of the EAGLE drafter: short bursts that stop within one optimizer step when told to.
 
-Loss (EAGLE-1/2): hidden_loss_weight * SmoothL1(predicted feature, target feature) + logit_loss_weight *
-soft cross-entropy between the target's next-token distribution (its LM head on the target feature) and the
-drafter's (the LM head on the predicted feature); both weights are `tlt.drafter` keys (EAGLE's 1.0 and 0.1).
-Both are averaged over the pairs whose predicted position is a response token. Only fc and the decoder layer
-train; the shared embedding and LM head are the target's and stay frozen.
+Loss (EAGLE-1/2, `verl_tlt.drafter.losses`): hidden_loss_weight * SmoothL1(predicted feature, target feature) +
+logit_loss_weight * soft cross-entropy between the target's next-token distribution and the drafter's; both
+weights are `tlt.drafter` keys (EAGLE's 1.0 and 0.1), both averaged over the pairs whose predicted position is a
+response token. Only fc and the decoder layer train; the shared embedding and LM head are the target's, frozen.
+
+What a step costs does not grow with the target's vocabulary: samples are labelled once, when they are added
+(`add_samples`: the target's top-`teacher_top_k` distribution, `verl_tlt.drafter.teacher`), the drafter's head
+covers the draft vocabulary (`draft_vocab_size` most frequent response tokens, grown by appending as data comes),
+and the token loss runs in chunks. `teacher_top_k=0` keeps the dense recipe (the target's head at every step).
+Where the device runs bf16 natively (`verl_tlt.drafter.precision`), steps run under bf16 autocast with the fp32
+weights as masters.
 
 Checkpoints hold model, optimizer, step count, RNG and the data buffer's cursor (optionally its samples), as JSON
 plus safetensors (`verl_tlt.drafter.checkpoint`: nothing is unpickled on loading). They are written atomically by a
@@ -22,13 +28,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from verl_tlt.config import DrafterConfig
 from verl_tlt.drafter.checkpoint import read_checkpoint, write_checkpoint
-from verl_tlt.drafter.data import DrafterDataBuffer, PackedBatch
+from verl_tlt.drafter.data import DrafterDataBuffer, DrafterSample, PackedBatch
+from verl_tlt.drafter.draft_vocab import DraftVocab, response_token_counts
 from verl_tlt.drafter.evaluate import ESTIMATE_DEPTH, estimated_acceptance_length
+from verl_tlt.drafter.losses import drafter_losses, unrolled_losses
 from verl_tlt.drafter.model import EagleDrafterModel
+from verl_tlt.drafter.precision import autocast_dtype
+from verl_tlt.drafter.teacher import teacher_labels
 from verl_tlt.drafter.unroll import unrolled_forward
 from verl_tlt.progress import Progress
 
@@ -70,8 +79,61 @@ class DrafterTrainer:
         self.optimizer = torch.optim.AdamW(params, lr=self.config.lr, betas=ADAMW_BETAS, weight_decay=WEIGHT_DECAY)
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         self.global_step = 0
+        self.autocast = autocast_dtype(self.device) if self.dtype == torch.float32 else None
+        self.last_draft_vocab_miss: float | None = None  # share of the last added response tokens outside the map
+        self._pending_vocab: DraftVocab | None = None  # a grown map, taken up at the next step's start
+        self._vocab_lock = threading.Lock()
         self._save_thread: threading.Thread | None = None
         self._save_error: BaseException | None = None  # set by a failed background save, raised by wait_for_save
+
+    # ----- data -----------------------------------------------------------------------------------------------
+
+    def add_samples(self, samples: list[DrafterSample]) -> int:
+        """Label `samples` (the target's sparse distribution, unless they carry it), choose or grow the draft
+        vocabulary from their response tokens, and add them to the buffer; returns how many were added.
+
+        Safe while training runs in another thread: a grown map takes effect at the next step's start.
+        """
+        samples = list(samples)
+        if self.config.teacher_top_k > 0:
+            samples = [self._labelled(sample) for sample in samples]
+        if self.config.draft_vocab_size > 0 and samples:
+            self._update_draft_vocab(samples)
+        return self.buffer.add(samples)
+
+    def _labelled(self, sample: DrafterSample) -> DrafterSample:
+        if sample.teacher is not None and sample.teacher.top_k == min(self.config.teacher_top_k, self.vocab_size):
+            return sample
+        head = self.model.target.lm_head.weight
+        return sample.labelled(teacher_labels(sample.hidden_states, head, self.config.teacher_top_k))
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.spec.vocab_size
+
+    def _update_draft_vocab(self, samples: list[DrafterSample]) -> None:
+        counts = response_token_counts(samples, self.vocab_size)
+        with self._vocab_lock:
+            current = self._pending_vocab or self.model.draft_vocab
+            if current is None:
+                self._pending_vocab = DraftVocab.from_counts(counts, self.config.draft_vocab_size)
+                self.last_draft_vocab_miss = None
+                return
+            responses = torch.cat([s.token_ids[s.response_mask] for s in samples])
+            self.last_draft_vocab_miss = current.miss_share(responses)
+            grown = current.grown(counts)
+            if grown is not current:
+                self._pending_vocab = grown
+
+    def apply_draft_vocab(self) -> None:
+        """Take up a chosen or grown draft vocabulary now rather than at the next step (call between steps)."""
+        self._take_pending_vocab()
+
+    def _take_pending_vocab(self) -> None:
+        with self._vocab_lock:
+            vocab, self._pending_vocab = self._pending_vocab, None
+        if vocab is not None:
+            self.model.set_draft_vocab(vocab)
 
     # ----- training ------------------------------------------------------------------------------------------
 
@@ -127,20 +189,20 @@ class DrafterTrainer:
         step and returns {"skipped": 1.0, "loss": ...}: one AdamW step on NaN gradients would put NaN into its
         moments, and every later step would then turn the weights into NaN however good its data.
         """
+        self._take_pending_vocab()
         self.model.train()
         batch = batch.to(self.device, self.dtype)
+        if self.config.teacher_top_k == 0:
+            batch.teacher = None  # the dense recipe, whatever the samples carry
         input_hidden = batch.input_hidden
         if self.config.input_noise > 0:
             noise = torch.rand(input_hidden.shape, generator=self.generator) * 2 - 1
             input_hidden = input_hidden + self.config.input_noise * noise.to(self.device, self.dtype)
-        if self.config.train_depth == 1:
-            features = self.forward(batch, input_hidden)
-            losses = drafter_losses(self.model, features, batch.target_hidden, batch.loss_mask)
-        else:
-            losses = unrolled_losses(self.model, batch, input_hidden, self.config.train_depth, self.config.depth_decay)
+        with torch.autocast(self.device.type, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None):
+            losses = self._losses(batch, input_hidden)
         loss = (
-            self.config.hidden_loss_weight * losses["hidden_loss"]
-            + self.config.logit_loss_weight * losses["logit_loss"]
+            self.config.hidden_loss_weight * losses["hidden_loss"].float()
+            + self.config.logit_loss_weight * losses["logit_loss"].float()
         )
         self.optimizer.zero_grad(set_to_none=True)
         if not bool(torch.isfinite(loss)) or not bool(batch.loss_mask.any()):
@@ -165,6 +227,12 @@ class DrafterTrainer:
             "grad_norm": float(grad_norm),
             "num_pairs": float(batch.loss_mask.sum()),
         }
+
+    def _losses(self, batch: PackedBatch, input_hidden: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.config.train_depth == 1:
+            features = self.forward(batch, input_hidden)
+            return drafter_losses(self.model, features, batch.target_hidden, batch.loss_mask, batch.teacher)
+        return unrolled_losses(self.model, batch, input_hidden, self.config.train_depth, self.config.depth_decay)
 
     def forward(self, batch: PackedBatch, input_hidden: torch.Tensor | None = None) -> torch.Tensor:
         """Drafter features [1, N, H] for a packed batch (a scratch KV cache stands in for the inference cache)."""
@@ -253,45 +321,6 @@ def drafter_forward(model: EagleDrafterModel, batch: PackedBatch, input_hidden: 
     """The drafter's features [1, N, H] for every pair of a packed batch, read from the target's features: the first
     depth of the unrolled chain."""
     return unrolled_forward(model, batch, 1, input_hidden)[0].features
-
-
-def drafter_losses(
-    model: EagleDrafterModel, features: torch.Tensor, target_hidden: torch.Tensor, loss_mask: torch.Tensor
-) -> dict[str, torch.Tensor]:
-    """Masked means over pairs: SmoothL1 on features, soft CE on LM-head distributions, top-1 agreement."""
-    mask = loss_mask.to(features.dtype)
-    count = mask.sum().clamp(min=1.0)
-    hidden_loss = (F.smooth_l1_loss(features, target_hidden, reduction="none").mean(-1) * mask).sum() / count
-    draft_log_probs = model.logits(features).float().log_softmax(-1)
-    with torch.no_grad():
-        target_logits = model.logits(target_hidden).float()
-        target_probs = target_logits.softmax(-1)
-    logit_loss = (-(target_probs * draft_log_probs).sum(-1) * mask).sum() / count
-    agree = (draft_log_probs.argmax(-1) == target_logits.argmax(-1)).to(features.dtype)
-    return {"hidden_loss": hidden_loss, "logit_loss": logit_loss, "top1_accuracy": (agree * mask).sum() / count}
-
-
-def unrolled_losses(
-    model: EagleDrafterModel, batch: PackedBatch, input_hidden: torch.Tensor, depth: int, decay: float
-) -> dict[str, torch.Tensor]:
-    """`drafter_losses` of every depth of the unrolled chain, weighted decay ** (depth - 1) and normalised; the
-    top-1 accuracy is depth 1's (comparable with single-depth training)."""
-    total: dict[str, torch.Tensor] = {}
-    weights = 0.0
-    for level, draft in enumerate(unrolled_forward(model, batch, depth, input_hidden), start=1):
-        mask = draft.loss_mask(batch.loss_mask)
-        losses = drafter_losses(model, draft.features, batch.target_hidden[:, draft.target_index], mask)
-        weight = decay ** (level - 1)
-        weights += weight
-        for key in ("hidden_loss", "logit_loss"):
-            total[key] = total.get(key, 0.0) + weight * losses[key]
-        if level == 1:
-            total["top1_accuracy"] = losses["top1_accuracy"]
-    return {
-        "hidden_loss": total["hidden_loss"] / weights,
-        "logit_loss": total["logit_loss"] / weights,
-        "top1_accuracy": total["top1_accuracy"],
-    }
 
 
 def _to_cpu(value):

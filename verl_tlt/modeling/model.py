@@ -346,6 +346,9 @@ class CausalLM(nn.Module):
         if spec.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = RotaryEmbedding(spec.head_dim, spec.rope_theta)
+        # Counts weight loads (`invalidate_weight_caches`), so caches derived from the weights elsewhere (a drafter's
+        # draft-vocabulary head) know when to rebuild: writes through `.data` leave the parameters' versions alone.
+        self.weights_generation = 0
 
     def forward(
         self,
@@ -375,6 +378,7 @@ class CausalLM(nn.Module):
 
     def invalidate_weight_caches(self) -> None:
         invalidate_cpu_layouts(self)
+        self.weights_generation += 1
 
     def drafter_shared_views(self) -> dict[str, torch.Tensor]:
         """The weights an EAGLE drafter shares with this model, under transformers names: the embedding, and the LM

@@ -18,6 +18,7 @@ import torch
 from verl_tlt.config import DrafterConfig
 from verl_tlt.drafter.data import DrafterDataBuffer, DrafterSample
 from verl_tlt.drafter.model import EagleDrafterModel
+from verl_tlt.drafter.teacher import teacher_labels
 from verl_tlt.drafter.trainer import DrafterTrainer
 from verl_tlt.engine import RolloutEngine, SamplingParams
 from verl_tlt.modeling.model import sequence_hidden_states
@@ -39,9 +40,10 @@ class WarmupReport:
 
 
 def collect_samples(
-    engine: RolloutEngine, prompts: list[list[int]], params: SamplingParams, step: int = 0
+    engine: RolloutEngine, prompts: list[list[int]], params: SamplingParams, step: int = 0, *, teacher_top_k: int = 0
 ) -> list[DrafterSample]:
-    """Generate answers with the target and pair every token with the target's final hidden state."""
+    """Generate answers with the target and pair every token with the target's final hidden state (and, with
+    teacher_top_k > 0, its sparse next-token distribution, `verl_tlt.drafter.teacher`)."""
     what = f"drafter warm-up, T={params.temperature:g}"
     outputs = engine.generate(prompts, params, progress=Progress(f"{what} answers", len(prompts), unit="answers"))
     recorded = Progress(f"{what} hidden states", len(prompts), unit="answers")
@@ -50,7 +52,8 @@ def collect_samples(
         ids = prompt + output.token_ids
         hidden = sequence_hidden_states(engine.model, ids)
         response = torch.arange(len(ids)) >= len(prompt)
-        samples.append(DrafterSample(torch.tensor(ids), hidden, response, step))
+        teacher = teacher_labels(hidden, engine.model.lm_head.weight, teacher_top_k) if teacher_top_k else None
+        samples.append(DrafterSample(torch.tensor(ids), hidden, response, step, teacher))
         recorded.advance()
     return samples
 
@@ -86,18 +89,20 @@ def warmup_drafter(
     # compute (and keep) vocab x hidden gradients for both.
     engine.model.requires_grad_(False)
     temperatures = [temperature] if isinstance(temperature, (int, float)) else list(temperature)
+    config = config or DrafterConfig()
     start = time.monotonic()
     samples = []
     for temp in temperatures:
-        samples += collect_samples(engine, prompts, SamplingParams(temperature=temp, max_tokens=max_tokens))
+        params = SamplingParams(temperature=temp, max_tokens=max_tokens)
+        samples += collect_samples(engine, prompts, params, teacher_top_k=config.teacher_top_k)
     generate_seconds = time.monotonic() - start
     num_tokens = sum(s.num_tokens for s in samples)
     logger.info("Collected %d samples (%d tokens) in %.1f s", len(samples), num_tokens, generate_seconds)
 
     model = load_eagle(init_from, engine.model) if init_from else EagleDrafterModel.from_target(engine.model)
-    buffer = DrafterDataBuffer(max_tokens=max(num_tokens, 2))
-    buffer.add(samples)
-    trainer = DrafterTrainer(model, buffer, config, seed=seed)
+    trainer = DrafterTrainer(model, DrafterDataBuffer(max_tokens=max(num_tokens, 2)), config, seed=seed)
+    trainer.add_samples(samples)
+    trainer.apply_draft_vocab()  # the export carries the map even if no step runs
     deadline = time.monotonic() + max_seconds if max_seconds else None
     progress = Progress("drafter warm-up training", num_steps, unit="optimizer steps")
     report = trainer.train(max_steps=num_steps, deadline=deadline, progress=progress)

@@ -265,6 +265,12 @@ class TLTRuntime:
             }
         )
         self.pool.handoff_seconds = 0.0
+        # The draft vocabulary's size, and the share of the newest captured response tokens outside it (as it was
+        # before they arrived): how far the policy has drifted from the tokens the drafter can draft.
+        if status.get("draft_vocab_size"):
+            self.metrics["tlt/drafter/draft_vocab_size"] = float(status["draft_vocab_size"])
+        if status.get("draft_vocab_miss") is not None:
+            self.metrics["tlt/drafter/draft_vocab_miss"] = float(status["draft_vocab_miss"])
         for key in ("loss", "hidden_loss", "logit_loss", "top1_accuracy"):
             if key in last:
                 self.metrics[f"tlt/drafter/{key}"] = float(last[key])
