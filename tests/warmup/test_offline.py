@@ -58,8 +58,71 @@ def test_warmup_reports_progress_of_answers_hidden_states_and_training(varied_qw
 
     path, _ = varied_qwen2
     with caplog.at_level(logging.INFO, logger="verl_tlt.progress"):
-        warmup_drafter(str(path), PROMPTS, tmp_path / "drafter", num_steps=2, temperature=(0.0, 1.0), max_tokens=4)
+        warmup_drafter(
+            str(path),
+            PROMPTS,
+            tmp_path / "drafter",
+            num_steps=2,
+            temperature=(0.0, 1.0),
+            max_tokens=4,
+            cache_root=tmp_path / "cache",
+        )
     lines = [record.getMessage() for record in caplog.records if record.name == "verl_tlt.progress"]
     for what in ("T=0 answers: 6/6 answers", "T=0 hidden states: 6/6", "T=1 answers: 6/6", "T=1 hidden states: 6/6"):
         assert any(line.startswith(f"drafter warm-up, {what}") for line in lines), (what, lines)
     assert any(line.startswith("drafter warm-up training: 2/2 optimizer steps") for line in lines), lines
+
+
+def small_warmup(path, tmp_path, out: str = "drafter", **kwargs):
+    kwargs.setdefault("num_steps", 20)
+    config = DrafterConfig(lr=3e-3, max_tokens_per_batch=64, input_noise=0.1)
+    return warmup_drafter(
+        str(path),
+        PROMPTS,
+        tmp_path / out,
+        temperature=(0.0, 1.0),
+        max_tokens=12,
+        config=config,
+        cache_root=tmp_path / "cache",
+        **kwargs,
+    )
+
+
+def test_a_warmup_run_again_resumes_where_it_stopped_and_ends_where_one_run_would(varied_qwen2, tmp_path):
+    from verl_tlt.drafter.load import load_eagle
+    from verl_tlt.warmup.offline import state_dir_of
+
+    path, _ = varied_qwen2
+    whole = small_warmup(path, tmp_path, "whole", num_steps=20)
+    first = small_warmup(path, tmp_path, "halves", num_steps=10)
+    second = small_warmup(path, tmp_path, "halves", num_steps=20)
+    assert not whole.collected_from_cache and first.collected_from_cache and second.collected_from_cache
+    assert (first.resumed_from_step, second.resumed_from_step, second.train_steps) == (0, 10, 20)
+    assert (state_dir_of(tmp_path / "halves") / "state.json").is_file()
+    engine = RolloutEngine.from_pretrained(str(path))
+    resumed, straight = load_eagle(tmp_path / "halves", engine.model), load_eagle(tmp_path / "whole", engine.model)
+    for name, tensor in straight.state_dict().items():
+        assert torch.allclose(resumed.state_dict()[name].float(), tensor.float(), atol=1e-6), name
+    assert resumed.draft_vocab is not None  # the export carries the draft vocabulary
+
+
+def test_a_spent_budget_stops_training_with_a_checkpoint_and_an_export(varied_qwen2, tmp_path):
+    path, _ = varied_qwen2
+    report = small_warmup(path, tmp_path, budget_seconds=1e-9)  # spent before training starts
+    assert report.stopped_by == "budget" and report.train_steps == 0
+    assert (tmp_path / "drafter" / "config.json").is_file()
+    again = small_warmup(path, tmp_path, num_steps=3)
+    assert again.stopped_by == "max_steps" and again.train_steps == 3 and again.resumed_from_step == 0
+
+
+def test_checkpoints_every_stretch_keep_the_step_count(varied_qwen2, tmp_path):
+    path, _ = varied_qwen2
+    report = small_warmup(path, tmp_path, num_steps=15, checkpoint_every_s=0.01)
+    assert report.train_steps == 15 and report.stopped_by == "max_steps"
+
+
+def test_the_report_has_the_sparse_teachers_loss_gap(varied_qwen2, tmp_path):
+    path, _ = varied_qwen2
+    gap = small_warmup(path, tmp_path, num_steps=1).teacher_loss_gap
+    assert gap["top_k"] == 64 and 0 < gap["top_k_mass"] <= 1
+    assert gap["dense_logit_loss"] > 0 and gap["sparse_logit_loss"] > 0

@@ -172,7 +172,7 @@ class DrafterTrainer:
             report.steps += 1
             report.tokens += batch.num_pairs
             if progress is not None:
-                progress.update(report.steps, lambda: _progress_extra(report))
+                progress.update(report.steps, lambda: _progress_extra(report, time.monotonic() - start))
         report.seconds = time.monotonic() - start
         if report.skipped_steps:
             logger.warning(
@@ -254,7 +254,9 @@ class DrafterTrainer:
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from `state_dict()` output (this trainer's or another's with the same drafter shape)."""
-        self.model.load_state_dict(state["model"])
+        self.model.load_state_dict(state["model"])  # the draft vocabulary with it
+        with self._vocab_lock:
+            self._pending_vocab = None  # chosen before the state it came from: the state's map wins
         self.optimizer.load_state_dict(state["optimizer"])
         self.global_step = state["global_step"]
         self.generator.set_state(state["generator"])
@@ -311,10 +313,10 @@ class DrafterTrainer:
             raise ValueError(f"Cannot load drafter trainer checkpoint {path}: {error}") from error
 
 
-def _progress_extra(report: TrainReport) -> str:
+def _progress_extra(report: TrainReport, seconds: float) -> str:
     metrics = report.last_metrics
     shown = [f"{key} {metrics[key]:.4f}" for key in ("loss", "top1_accuracy") if key in metrics]
-    return ", ".join(shown + [f"{report.tokens} tokens"])
+    return ", ".join(shown + [f"{report.tokens} tokens", f"{report.tokens / max(seconds, 1e-9):.0f} tokens/s"])
 
 
 def drafter_forward(model: EagleDrafterModel, batch: PackedBatch, input_hidden: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from verl_tlt.chat import chat_prompt_ids
 from verl_tlt.config import DrafterConfig
-from verl_tlt.files import build_once, default_cache_root
+from verl_tlt.files import default_cache_root
 from verl_tlt.models.prepare import ensure_model
 from verl_tlt.tasks.answers import chat_prompt
 from verl_tlt.tasks.dataset import mixed_problems
@@ -52,12 +52,12 @@ def ensure_task_drafter(
     per_task: int = WARMUP_PROBLEMS_PER_TASK,
 ) -> Path:
     """Path of a drafter warmed up on the prepared model's own answers to the real tasks (trained once, reused)."""
-    from verl_tlt.warmup.offline import warmup_drafter
+    from verl_tlt.warmup.offline import drafter_built_once, warmup_drafter
 
     root = Path(cache_root) if cache_root is not None else default_cache_root()
     target = ensure_model(model, root)
 
-    def warm_up(out_dir: Path) -> None:
+    def warm_up(out_dir: Path, state_dir: Path) -> None:
         warmup_drafter(
             str(target),
             task_prompts(target, per_task, WARMUP_PROBLEM_SEED + seed),
@@ -67,7 +67,8 @@ def ensure_task_drafter(
             max_tokens=WARMUP_MAX_TOKENS,
             seed=seed,
             config=WARMUP_CONFIG,
+            state_dir=state_dir,
         )
 
     entry = root / f"task-drafter-v{TASK_DRAFTER_VERSION}-{target.name}-p{per_task}-steps{num_steps}-seed{seed}"
-    return build_once(entry, lambda path: (path / "config.json").is_file(), warm_up, f"{model} drafter")
+    return drafter_built_once(entry, warm_up, f"{model} drafter")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from verl_tlt.config import DrafterConfig
-from verl_tlt.toy.cache import build_once, default_cache_root
+from verl_tlt.toy.cache import default_cache_root
 from verl_tlt.toy.sft import ensure_toy_target, prompt_ids
 from verl_tlt.toy.task import make_problems
 
@@ -48,12 +48,12 @@ def ensure_toy_drafter(
     compact_share and shape select the target (see `ensure_toy_target`); the drafter's cache folder names its
     target.
     """
-    from verl_tlt.warmup.offline import warmup_drafter
+    from verl_tlt.warmup.offline import drafter_built_once, warmup_drafter
 
     root = Path(cache_root) if cache_root is not None else default_cache_root()
     target = ensure_toy_target(root, seed=seed, compact_share=compact_share, shape=shape)
 
-    def warm_up(out_dir: Path) -> None:
+    def warm_up(out_dir: Path, state_dir: Path) -> None:
         prompts = toy_prompts(target, WARMUP_PROMPTS, WARMUP_PROBLEM_SEED + seed)
         warmup_drafter(
             str(target),
@@ -64,7 +64,8 @@ def ensure_toy_drafter(
             max_tokens=WARMUP_MAX_TOKENS,
             seed=seed,
             config=WARMUP_CONFIG,
+            state_dir=state_dir,
         )
 
     entry = root / f"toy-drafter-v{TOY_DRAFTER_VERSION}-{target.name}-steps{num_steps}"
-    return build_once(entry, lambda path: (path / "config.json").is_file(), warm_up, "toy drafter")
+    return drafter_built_once(entry, warm_up, "toy drafter")

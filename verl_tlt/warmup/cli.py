@@ -7,6 +7,10 @@ import json
 
 from verl_tlt.commands import add_command, add_group, options, run_alone, usage_error
 
+# A warm-up that fits a coffee break: SmolLM2-135M's default warm-up on 2 CPU cores ends within it
+# (docs/benchmarks.md); a run stopped by it resumes when run again.
+DEFAULT_BUDGET_MINUTES = 20.0
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Adds `drafter` and its subcommands to the `verl-tlt` command tree."""
@@ -21,9 +25,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     warmup.add_argument("--out", required=True, help="where to write the drafter (EAGLE layout)")
     warmup.add_argument("--prompt-key", default="prompt", help="the parquet's prompt column")
     warmup.add_argument("--num-prompts", type=int, default=256, help="prompts read from the parquet (its first ones)")
-    warmup.add_argument("--steps", dest="num_steps", type=int, default=1000, help="optimizer steps (upper bound)")
+    warmup.add_argument(
+        "--steps", dest="num_steps", type=int, default=1000, help="optimizer steps in all, a resumed run's included"
+    )
     warmup.add_argument(
         "--seconds", dest="max_seconds", type=float, default=None, help="stop training after this many seconds"
+    )
+    warmup.add_argument(
+        "--budget-minutes",
+        type=float,
+        default=DEFAULT_BUDGET_MINUTES,
+        help="this run's time budget, collection included: training stops there with a checkpoint and an export "
+        "(run the command again to continue); 0 = no budget",
+    )
+    warmup.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start training from scratch instead of resuming from <out>.warmup-state (collected answers are still "
+        "reused from the cache)",
     )
     warmup.add_argument("--temperature", type=float, nargs="+", default=[1.0], help="one or more sampling temperatures")
     warmup.add_argument("--max-tokens", type=int, default=512, help="cap on each answer's tokens")
@@ -62,8 +81,13 @@ def _warmup(args: argparse.Namespace) -> int:
     except MODEL_ERRORS as error:
         usage_error(args, f"--target: {error}")
     prompts = prompts_from_parquet(args.prompts, target, args.prompt_key, args.num_prompts)
+    if args.budget_minutes < 0:
+        usage_error(args, f"--budget-minutes must be >= 0 (0 = no budget), got {args.budget_minutes}")
     settings = options(args, "num_steps", "max_seconds", "temperature", "max_tokens", "seed", "init_from")
-    report = warmup_drafter(target, prompts, args.out, config=config, **settings)
+    budget = args.budget_minutes * 60 or None
+    report = warmup_drafter(
+        target, prompts, args.out, config=config, budget_seconds=budget, resume=not args.fresh, **settings
+    )
     print(json.dumps(asdict(report), indent=2))
     if args.json:
         write_json(args.json, asdict(report))

@@ -1,5 +1,11 @@
-"""Offline drafter warm-up: the target generates answers to a prompt set, its hidden states are recorded, and an
-EAGLE drafter trains on them, so an RL run starts from a drafter that already agrees with its policy.
+"""Offline drafter warm-up: the target generates answers to a prompt set, its hidden states and sparse next-token
+distributions are recorded, and an EAGLE drafter trains on them, so an RL run starts from a drafter that already
+agrees with its policy.
+
+A warm-up keeps to a time budget (collection included), checkpoints its training every few minutes beside the
+output (`<out>.warmup-state/`: model, optimizer, step, data cursor) and exports the drafter at every checkpoint, so
+an interrupted run leaves a usable drafter; run again with the same arguments it resumes: the collected answers
+come from the cache (`verl_tlt.warmup.collect`) and training continues from the checkpoint up to `num_steps`.
 
 `verl-tlt drafter warmup` wraps `warmup_drafter`; the result is exported in the EAGLE layout (see
 `verl_tlt.drafter.export`) and can be loaded by the torch engine or by vLLM.
@@ -8,23 +14,35 @@ EAGLE drafter trains on them, so an RL run starts from a drafter that already ag
 from __future__ import annotations
 
 import logging
+import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import torch
 
 from verl_tlt.config import DrafterConfig
 from verl_tlt.drafter.data import DrafterDataBuffer, DrafterSample
 from verl_tlt.drafter.model import EagleDrafterModel
-from verl_tlt.drafter.teacher import teacher_labels
 from verl_tlt.drafter.trainer import DrafterTrainer
-from verl_tlt.engine import RolloutEngine, SamplingParams
-from verl_tlt.modeling.model import sequence_hidden_states
+from verl_tlt.engine import RolloutEngine
+from verl_tlt.files import build_once
 from verl_tlt.progress import Progress
+from verl_tlt.warmup.collect import cached_samples, collect_samples
+from verl_tlt.warmup.loss_gap import teacher_loss_gap
+
+__all__ = [
+    "WarmupReport",
+    "collect_samples",
+    "drafter_built_once",
+    "prompts_from_parquet",
+    "state_dir_of",
+    "warmup_drafter",
+]
 
 logger = logging.getLogger(__name__)
+
+# How often training is checkpointed (and the drafter exported): a kill loses at most this much work.
+CHECKPOINT_EVERY_S = 180.0
 
 
 @dataclass
@@ -37,25 +55,30 @@ class WarmupReport:
     train_seconds: float
     metrics: dict[str, float] = field(default_factory=dict)
     output_dir: str = ""
+    resumed_from_step: int = 0  # optimizer steps a previous run had taken (0: a fresh start)
+    collected_from_cache: bool = False
+    trained_tokens_per_s: float = 0.0
+    stopped_by: str = "max_steps"  # max_steps | budget
+    # The token loss of the initial drafter on the first batch, dense and from the sparse labels (teacher_top_k).
+    teacher_loss_gap: dict[str, float] = field(default_factory=dict)
 
 
-def collect_samples(
-    engine: RolloutEngine, prompts: list[list[int]], params: SamplingParams, step: int = 0, *, teacher_top_k: int = 0
-) -> list[DrafterSample]:
-    """Generate answers with the target and pair every token with the target's final hidden state (and, with
-    teacher_top_k > 0, its sparse next-token distribution, `verl_tlt.drafter.teacher`)."""
-    what = f"drafter warm-up, T={params.temperature:g}"
-    outputs = engine.generate(prompts, params, progress=Progress(f"{what} answers", len(prompts), unit="answers"))
-    recorded = Progress(f"{what} hidden states", len(prompts), unit="answers")
-    samples = []
-    for prompt, output in zip(prompts, outputs, strict=True):
-        ids = prompt + output.token_ids
-        hidden = sequence_hidden_states(engine.model, ids)
-        response = torch.arange(len(ids)) >= len(prompt)
-        teacher = teacher_labels(hidden, engine.model.lm_head.weight, teacher_top_k) if teacher_top_k else None
-        samples.append(DrafterSample(torch.tensor(ids), hidden, response, step, teacher))
-        recorded.advance()
-    return samples
+def state_dir_of(out_dir: str | Path) -> Path:
+    """Where a warm-up writing to `out_dir` keeps its training checkpoint."""
+    out = Path(out_dir)
+    return out.with_name(out.name + ".warmup-state")
+
+
+def drafter_built_once(entry: Path, warm_up: Callable[[Path, Path], None], what: str) -> Path:
+    """The cached drafter export at `entry`, first built by `warm_up(out_dir, state_dir)` if it is missing.
+
+    The training checkpoint (state_dir) sits at a fixed place beside the entry, not beside the temporary build
+    folder, so a build that was killed resumes from it; it is removed once the export is in place.
+    """
+    state = state_dir_of(entry)
+    path = build_once(entry, lambda folder: (folder / "config.json").is_file(), lambda out: warm_up(out, state), what)
+    shutil.rmtree(state, ignore_errors=True)
+    return path
 
 
 def warmup_drafter(
@@ -65,60 +88,158 @@ def warmup_drafter(
     *,
     num_steps: int = 1000,
     max_seconds: float | None = None,
+    budget_seconds: float | None = None,
     temperature: float | Sequence[float] = 1.0,
     max_tokens: int = 512,
     seed: int = 0,
     init_from: str | None = None,
     config: DrafterConfig | None = None,
+    resume: bool = True,
+    state_dir: str | Path | None = None,
+    cache_root: str | Path | None = None,
+    checkpoint_every_s: float = CHECKPOINT_EVERY_S,
 ) -> WarmupReport:
     """Train a drafter for the target at target_path on its own answers to `prompts`; export it to out_dir.
 
     temperature: one sampling temperature, or several (every prompt is answered once per temperature, e.g.
     (0.0, 1.0) to serve both greedy and sampled rollouts well). config: the training recipe (`tlt.drafter`'s
-    lr, max_tokens_per_batch, train_depth, loss weights, ...; default: its defaults); its buffer and spot-training
-    keys do not apply here, the buffer holds every collected token. seed: of generation and of training.
+    lr, max_tokens_per_batch, train_depth, loss weights, teacher_top_k, draft_vocab_size, ...; default: its
+    defaults); the buffer holds every collected token. num_steps: optimizer steps in all (a resumed run counts the
+    earlier ones). max_seconds: of training in this run; budget_seconds: of this whole run, collection included
+    (training stops at whichever comes first). resume: continue from `state_dir` (default `<out_dir>.warmup-state`)
+    if it holds a checkpoint of the same drafter. seed: of generation and of training.
     """
-    from verl_tlt.drafter.export import export_eagle
-    from verl_tlt.drafter.load import load_eagle
-
     if not prompts:
         raise ValueError("warmup_drafter needs at least one prompt")
-    torch.manual_seed(seed)
+    begin = time.monotonic()
+    deadline = begin + budget_seconds if budget_seconds else None
+    config = config or DrafterConfig()
+    temperatures = [temperature] if isinstance(temperature, (int, float)) else list(temperature)
     engine = RolloutEngine.from_pretrained(target_path, max_num_seqs=64, seed=seed)
     # The drafter shares the target's embedding and LM head and never trains them: without this, every step would
     # compute (and keep) vocab x hidden gradients for both.
     engine.model.requires_grad_(False)
-    temperatures = [temperature] if isinstance(temperature, (int, float)) else list(temperature)
-    config = config or DrafterConfig()
-    start = time.monotonic()
-    samples = []
-    for temp in temperatures:
-        params = SamplingParams(temperature=temp, max_tokens=max_tokens)
-        samples += collect_samples(engine, prompts, params, teacher_top_k=config.teacher_top_k)
-    generate_seconds = time.monotonic() - start
+    samples, from_cache = cached_samples(
+        engine,
+        target_path,
+        prompts,
+        temperatures,
+        max_tokens,
+        seed=seed,
+        teacher_top_k=config.teacher_top_k,
+        cache_root=cache_root,
+    )
+    generate_seconds = time.monotonic() - begin
     num_tokens = sum(s.num_tokens for s in samples)
-    logger.info("Collected %d samples (%d tokens) in %.1f s", len(samples), num_tokens, generate_seconds)
+    logger.info("%d samples (%d tokens) ready in %.1f s", len(samples), num_tokens, generate_seconds)
 
-    model = load_eagle(init_from, engine.model) if init_from else EagleDrafterModel.from_target(engine.model)
-    trainer = DrafterTrainer(model, DrafterDataBuffer(max_tokens=max(num_tokens, 2)), config, seed=seed)
-    trainer.add_samples(samples)
-    trainer.apply_draft_vocab()  # the export carries the map even if no step runs
-    deadline = time.monotonic() + max_seconds if max_seconds else None
-    progress = Progress("drafter warm-up training", num_steps, unit="optimizer steps")
-    report = trainer.train(max_steps=num_steps, deadline=deadline, progress=progress)
-    logger.info("Trained %d steps in %.1f s: %s", report.steps, report.seconds, report.last_metrics)
-    metadata = {"warmup_steps": report.steps, "warmup_prompts": len(prompts), "warmup_temperatures": temperatures}
-    path = export_eagle(model, out_dir, metadata=metadata)
+    trainer = _trainer(engine, samples, init_from, config, seed)
+    state = Path(state_dir) if state_dir is not None else state_dir_of(out_dir)
+    resumed = _resume(trainer, state) if resume else 0
+    gap = teacher_loss_gap(trainer, samples) if config.teacher_top_k else {}
+    metadata = {"warmup_prompts": len(prompts), "warmup_temperatures": temperatures}
+    run = _TrainingRun(trainer, state, Path(out_dir), metadata, checkpoint_every_s)
+    stopped_by = run.train(num_steps, max_seconds, deadline, resumed)
+    report = run.report
     return WarmupReport(
         num_prompts=len(prompts),
         num_samples=len(samples),
         num_tokens=num_tokens,
         generate_seconds=generate_seconds,
-        train_steps=report.steps,
-        train_seconds=report.seconds,
-        metrics=report.last_metrics,
-        output_dir=str(path),
+        train_steps=trainer.global_step,
+        train_seconds=report["seconds"],
+        metrics=report["metrics"],
+        output_dir=str(out_dir),
+        resumed_from_step=resumed,
+        collected_from_cache=from_cache,
+        trained_tokens_per_s=report["tokens"] / report["seconds"] if report["seconds"] else 0.0,
+        stopped_by=stopped_by,
+        teacher_loss_gap=gap,
     )
+
+
+def _trainer(engine, samples: list[DrafterSample], init_from: str | None, config: DrafterConfig, seed: int):
+    from verl_tlt.drafter.load import load_eagle
+
+    model = load_eagle(init_from, engine.model) if init_from else EagleDrafterModel.from_target(engine.model)
+    num_tokens = sum(s.num_tokens for s in samples)
+    trainer = DrafterTrainer(model, DrafterDataBuffer(max_tokens=max(num_tokens, 2)), config, seed=seed)
+    trainer.add_samples(samples)
+    trainer.apply_draft_vocab()  # the export carries the map even if no step runs
+    return trainer
+
+
+def _resume(trainer: DrafterTrainer, state: Path) -> int:
+    """Continue from the checkpoint at `state` if there is one that fits; the steps it had taken (0 if none)."""
+    try:
+        trainer.load_checkpoint(state)
+    except FileNotFoundError:
+        return 0
+    except ValueError as error:
+        logger.warning("Not resuming from %s (%s); training starts afresh", state, error)
+        return 0
+    logger.info("Resuming the warm-up from %s at optimizer step %d", state, trainer.global_step)
+    return trainer.global_step
+
+
+class _TrainingRun:
+    """Training in stretches of at most `checkpoint_every_s`, each followed by a checkpoint and an export."""
+
+    def __init__(self, trainer, state: Path, out: Path, metadata: dict, checkpoint_every_s: float):
+        self.trainer, self.state, self.out = trainer, state, out
+        self.metadata, self.checkpoint_every_s = metadata, checkpoint_every_s
+        self.report = {"seconds": 0.0, "tokens": 0, "metrics": {}}
+        self._saved_at: int | None = None  # the optimizer step of the last checkpoint and export
+
+    def train(self, num_steps: int, max_seconds: float | None, deadline: float | None, resumed: int) -> str:
+        start = time.monotonic()
+        if max_seconds:
+            deadline = min(deadline or float("inf"), start + max_seconds)
+        progress = Progress("drafter warm-up training", max(0, num_steps - resumed), unit="optimizer steps")
+        stopped_by = "max_steps"
+        while self.trainer.global_step < num_steps:
+            if deadline is not None and time.monotonic() >= deadline:
+                stopped_by = "budget"
+                break
+            stretch_end = time.monotonic() + self.checkpoint_every_s
+            until = min(stretch_end, deadline) if deadline is not None else stretch_end
+            left = num_steps - self.trainer.global_step
+            stretch = _Offset(progress, self.trainer.global_step - resumed)
+            taken = self.trainer.train(max_steps=left, deadline=until, progress=stretch)
+            self.report["seconds"] += taken.seconds
+            self.report["tokens"] += taken.tokens
+            self.report["metrics"] = taken.last_metrics or self.report["metrics"]
+            if taken.stopped_by == "no_data":
+                break
+            self._checkpoint()
+        if self._saved_at != self.trainer.global_step:
+            self._checkpoint()
+        logger.info(
+            "Warm-up training stopped (%s) at optimizer step %d after %.1f s in this run: %s",
+            stopped_by,
+            self.trainer.global_step,
+            time.monotonic() - start,
+            self.report["metrics"],
+        )
+        return stopped_by
+
+    def _checkpoint(self) -> None:
+        from verl_tlt.drafter.export import export_eagle
+
+        self.trainer.save_checkpoint(self.state, include_samples=False, wait=True)
+        metadata = {**self.metadata, "warmup_steps": self.trainer.global_step}
+        export_eagle(self.trainer.model, self.out, metadata=metadata)
+        self._saved_at = self.trainer.global_step
+
+
+class _Offset:
+    """The run's progress, told the optimizer steps of earlier stretches plus this stretch's."""
+
+    def __init__(self, progress: Progress, offset: int):
+        self.progress, self.offset = progress, offset
+
+    def update(self, steps: int, extra) -> bool:
+        return self.progress.update(self.offset + steps, extra)
 
 
 def prompts_from_parquet(path: str, tokenizer_path: str, prompt_key: str = "prompt", limit: int | None = None):
