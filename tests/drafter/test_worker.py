@@ -332,3 +332,19 @@ def test_evaluate_refuses_while_training_runs(fed, samples):
             worker.evaluate(samples)
     finally:
         worker.stop()
+
+
+def test_a_worker_holds_the_targets_embedding_head_and_last_layer_only(varied_qwen2):
+    from verl_tlt.drafter.model import EagleDrafterModel
+    from verl_tlt.modeling.weights import load_drafter_parts, load_pretrained
+
+    full, _ = load_pretrained(str(varied_qwen2[0]))
+    parts = load_drafter_parts(str(varied_qwen2[0]))
+    assert len(parts.model.layers) == 1 and len(full.model.layers) > 1
+    assert sum(p.numel() for p in parts.parameters()) < sum(p.numel() for p in full.parameters())
+    from_full, from_parts = EagleDrafterModel.from_target(full), EagleDrafterModel.from_target(parts)
+    for name, tensor in from_full.state_dict().items():
+        assert torch.equal(tensor, from_parts.state_dict()[name]), name  # the same start: the last layer
+    features = torch.randn(2, full.spec.hidden_size, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(from_parts.logits(features), from_full.logits(features))
+    assert torch.equal(parts.model.embed_tokens.weight, full.model.embed_tokens.weight)

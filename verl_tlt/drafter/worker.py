@@ -35,11 +35,10 @@ FAULT_ENV = "VERL_TLT_DRAFTER_FAULT"
 
 
 def _target_model(target_path: str, dtype: torch.dtype):
-    from verl_tlt.modeling.weights import load_pretrained
+    """The target's parts the drafter uses (embedding, LM head, last layer for its start), not the whole model."""
+    from verl_tlt.modeling.weights import load_drafter_parts
 
-    model, _ = load_pretrained(target_path, dtype=dtype)
-    model.requires_grad_(False)
-    return model
+    return load_drafter_parts(target_path, dtype=dtype).requires_grad_(False)
 
 
 class DrafterWorker:
