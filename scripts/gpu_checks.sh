@@ -5,7 +5,7 @@
 # (e.g. copy toy-target-v1-seed0 and toy-drafter-v4-toy-target-v1-seed0-steps1200 into .gpu_cache/, which git
 # ignores, and set VERL_TLT_CACHE=$PWD/.gpu_cache: nothing then needs training on the GPU machine).
 # Each step has its own time limit and the script goes on after a failure, so that one broken step does not cost
-# the rest of a short GPU session; the limits add up to about 12 minutes. To fit a shorter session, name the steps to
+# the rest of a short GPU session; the limits add up to about 15 minutes. To fit a shorter session, name the steps to
 # run: GPU_CHECKS_STEPS="gpu_tests verify_qwen2.5-7b" bash scripts/gpu_checks.sh OUT_DIR (default: all of them).
 # Results: OUT_DIR/*.json and *.log.
 set -u
@@ -28,7 +28,7 @@ step() {  # step NAME SECONDS COMMAND...
 
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 step gpu_tests 150 "$python" -m pytest -q -m gpu tests/engine/test_engine_cuda.py tests/engine/test_eagle_inference.py \
-    tests/bench/test_verify_bench.py
+    tests/bench/test_verify_bench.py tests/drafter/test_precision.py
 step sd_graphs 120 "$python" -m verl_tlt.cli bench sd curve --device cuda --cuda-graphs --strategies 4_1_4 2_1_2 \
     --acceptance-prompts 8 --json "$out/sd_graphs.json"
 step sd_plain 120 "$python" -m verl_tlt.cli bench sd curve --device cuda --strategies 4_1_4 2_1_2 \
@@ -42,3 +42,8 @@ step adaptive_graphs 160 "$python" -m verl_tlt.cli bench adaptive --device cuda 
 step verify_qwen2.5-7b 180 "$python" -m verl_tlt.cli bench verify --device cuda --model qwen2.5-7b \
     --dtypes bfloat16 --batch-sizes 1 2 4 8 16 32 64 --ks 0 1 2 4 8 16 32 63 --repeats 5 --sd-steps 0 \
     --json "$out/verify_qwen2.5-7b_cuda.json"
+# The drafter trainer's cost, dense recipe against sparse labels + draft vocabulary, at the toy, SmolLM2 and 7B
+# shapes (random weights built on the GPU), 4096 pairs a step, bf16 autocast where the device runs it. Never run on a
+# GPU yet; at 7B the three recipes' drafter and optimizer (about 3 GB each in fp32) come one after another.
+step drafter_train 180 "$python" -m verl_tlt.cli bench drafter-train --device cuda --rounds 5 \
+    --json "$out/drafter_train_cuda.json"

@@ -243,6 +243,13 @@ class DrafterConfig:
             "drafter's, both through the shared LM head), EAGLE's 0.1."
         },
     )
+    grad_clip_norm: float = field(
+        default=0.5,
+        metadata={
+            "help": "The drafter's gradients are clipped to this global norm before each optimizer step (EAGLE's 0.5, "
+            "for fine-tuning online; `verl-tlt drafter warmup` starts further off and uses 5)."
+        },
+    )
     teacher_top_k: int = field(
         default=64,
         metadata={
@@ -325,6 +332,11 @@ class DrafterConfig:
                 )
         if self.max_tokens_per_batch < 2:  # a training pair spans two tokens
             raise ValueError(f"{path}.max_tokens_per_batch must be >= 2, got {self.max_tokens_per_batch}")
+        if not (math.isfinite(self.grad_clip_norm) and self.grad_clip_norm > 0):
+            raise ValueError(
+                f"{path}.grad_clip_norm must be finite and > 0, got {self.grad_clip_norm}; "
+                f"e.g. {path}.grad_clip_norm=0.5"
+            )
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"{path}.lr must be finite and > 0, got {self.lr}; e.g. {path}.lr=3e-4")
         if not 0 < self.depth_decay <= 1:

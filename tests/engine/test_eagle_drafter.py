@@ -18,9 +18,10 @@ PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18, 19, 20], [21]
 def engine(varied_qwen2):
     engine = RolloutEngine.from_pretrained(str(varied_qwen2[0]), max_num_seqs=3)
     model = EagleDrafterModel.from_target(engine.model)
-    with torch.no_grad():  # move away from the pass-through init so the fc really mixes the embedding in
-        noise = torch.randn(model.fc.weight.shape, generator=torch.Generator().manual_seed(0))
-        model.fc.weight.add_(0.05 * noise)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # away from the start (zeroed residual branches), so the layer attends and mixes
+        for param in model.parameters():
+            param.add_(0.05 * torch.randn(param.shape, generator=generator))
     engine.set_drafter(EagleDrafter(model))
     return engine
 

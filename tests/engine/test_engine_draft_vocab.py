@@ -27,9 +27,10 @@ def draft_vocab_engine(path, ids, *, seed: int = 0, **kwargs) -> RolloutEngine:
     """An engine whose EAGLE drafter (moved off its start) drafts over target tokens `ids` only."""
     engine = RolloutEngine.from_pretrained(str(path), **kwargs)
     model = EagleDrafterModel.from_target(engine.model)
-    with torch.no_grad():
-        noise = torch.randn(model.fc.weight.shape, generator=torch.Generator().manual_seed(seed))
-        model.fc.weight.add_(0.05 * noise)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # away from the start (zeroed residual branches), so the layer attends and mixes
+        for param in model.parameters():
+            param.add_(0.05 * torch.randn(param.shape, generator=generator))
     model.set_draft_vocab(DraftVocab(torch.tensor(ids), model.spec.vocab_size, capacity=len(ids)))
     engine.set_drafter(EagleDrafter(model, max_len=engine.cache.max_len))
     return engine

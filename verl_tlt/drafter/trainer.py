@@ -43,9 +43,8 @@ from verl_tlt.progress import Progress
 
 logger = logging.getLogger(__name__)
 
-# AdamW betas and gradient-norm clip: EAGLE's training recipe, which the loss and its weights also follow.
+# AdamW betas: EAGLE's training recipe, which the loss, its weights and the default gradient clip also follow.
 ADAMW_BETAS = (0.9, 0.95)
-GRAD_CLIP_NORM = 0.5
 # No weight decay: the decoder layer starts as a copy of the target's last layer (or a warmed-up drafter), and
 # decay would pull it toward zero, away from that start, at every step whatever the data says.
 WEIGHT_DECAY = 0.0
@@ -209,7 +208,7 @@ class DrafterTrainer:
             self.model.eval()
             return {"skipped": 1.0, "loss": float(loss.detach())}
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), GRAD_CLIP_NORM)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip_norm)
         if not bool(torch.isfinite(grad_norm)):
             self.optimizer.zero_grad(set_to_none=True)
             self.model.eval()
