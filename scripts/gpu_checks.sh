@@ -2,7 +2,7 @@
 # The checks a GPU machine is for, in one short run: the gpu-marked tests, then the benchmarks on CUDA with and
 # without the CUDA-graph pool. Needs torch + transformers + pytest (not verl). Usage, from the repository root:
 #   VERL_TLT_CACHE=<copy of ~/.cache/verl-tlt with the toy target and drafters> bash scripts/gpu_checks.sh OUT_DIR
-# (e.g. copy toy-target-v1-seed0 and toy-drafter-v4-toy-target-v1-seed0-steps1200 into .gpu_cache/, which git
+# (e.g. copy toy-target-v1-seed0 and toy-drafter-v5-toy-target-v1-seed0-steps1200 into .gpu_cache/, which git
 # ignores, and set VERL_TLT_CACHE=$PWD/.gpu_cache: nothing then needs training on the GPU machine).
 # Each step has its own time limit and the script goes on after a failure, so that one broken step does not cost
 # the rest of a short GPU session; the limits add up to about 15 minutes. To fit a shorter session, name the steps to

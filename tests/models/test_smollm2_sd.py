@@ -3,8 +3,8 @@
 Slow (main tier): the model comes from the test cache (`tests/models/test_smollm2.py` prepares it; the first run
 pays the conversion). Greedy identity is checked with an EAGLE drafter built from the target and left untrained
 (losslessness must hold for any drafter; a poor one is rejected on nearly every step) and with the target itself
-as drafter (nearly always accepted). The sampled distribution is tested on the toy models (tests/engine); on
-the real weights it is still to come (docs/real_models.md says why).
+as drafter (nearly always accepted). The sampled distribution on the real weights is
+`test_smollm2_sd_distribution.py`'s.
 """
 
 from __future__ import annotations

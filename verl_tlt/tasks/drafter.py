@@ -17,20 +17,21 @@ from verl_tlt.models.prepare import ensure_model
 from verl_tlt.tasks.answers import chat_prompt
 from verl_tlt.tasks.dataset import mixed_problems
 from verl_tlt.tasks.registry import DEFAULT_TASKS
+from verl_tlt.warmup.recipe import WARMUP_GRAD_CLIP_NORM, WARMUP_LR
 
 # Bump when the recipe below changes, so stale cached drafters are not reused.
-TASK_DRAFTER_VERSION = 1
+TASK_DRAFTER_VERSION = 2
 DEFAULT_MODEL = "smollm2-135m"
 WARMUP_PROBLEMS_PER_TASK = 96
-WARMUP_STEPS = 400
+# About 10 minutes of training on 2 cores (SmolLM2, docs/benchmarks.md), after about 6 of collection.
+WARMUP_STEPS = 600
 WARMUP_TEMPERATURES = (0.0, 1.0)
 # The tasks' answers: p50 34-233 tokens, p90 at the 256 cap (docs/real_models.md); the cap keeps the tail's
 # positions in the data without letting a few runaway samples fill it.
 WARMUP_MAX_TOKENS = 256
-# Depth 1 and 1024 tokens a step: each trained position costs three passes through the 49k-vocabulary LM head
-# (target distribution, drafter logits, their gradient), which dominates a step of a 576-wide drafter; deeper
-# training multiplies that and did not fit a 2-core warm-up.
-WARMUP_CONFIG = DrafterConfig(lr=1e-3, max_tokens_per_batch=1024, train_depth=1)
+# The warm-up's optimizer settings with tlt.drafter's recipe otherwise (sparse labels, a draft vocabulary, 4096
+# tokens a step, depth 1).
+WARMUP_CONFIG = DrafterConfig(lr=WARMUP_LR, grad_clip_norm=WARMUP_GRAD_CLIP_NORM)
 # Problems for the warm-up come from this seed, away from `verl-tlt tasks write`'s train (0) and validation seeds.
 WARMUP_PROBLEM_SEED = 4242
 
@@ -52,23 +53,20 @@ def ensure_task_drafter(
     per_task: int = WARMUP_PROBLEMS_PER_TASK,
 ) -> Path:
     """Path of a drafter warmed up on the prepared model's own answers to the real tasks (trained once, reused)."""
-    from verl_tlt.warmup.offline import drafter_built_once, warmup_drafter
+    from verl_tlt.warmup.offline import drafter_built_once
 
     root = Path(cache_root) if cache_root is not None else default_cache_root()
     target = ensure_model(model, root)
 
-    def warm_up(out_dir: Path, state_dir: Path) -> None:
-        warmup_drafter(
-            str(target),
-            task_prompts(target, per_task, WARMUP_PROBLEM_SEED + seed),
-            out_dir,
-            num_steps=num_steps,
-            temperature=WARMUP_TEMPERATURES,
-            max_tokens=WARMUP_MAX_TOKENS,
-            seed=seed,
-            config=WARMUP_CONFIG,
-            state_dir=state_dir,
-        )
-
     entry = root / f"task-drafter-v{TASK_DRAFTER_VERSION}-{target.name}-p{per_task}-steps{num_steps}-seed{seed}"
-    return drafter_built_once(entry, warm_up, f"{model} drafter")
+    return drafter_built_once(
+        entry,
+        target,
+        lambda: task_prompts(target, per_task, WARMUP_PROBLEM_SEED + seed),
+        f"{model} drafter",
+        num_steps=num_steps,
+        temperature=WARMUP_TEMPERATURES,
+        max_tokens=WARMUP_MAX_TOKENS,
+        seed=seed,
+        config=WARMUP_CONFIG,
+    )

@@ -10,7 +10,7 @@ from verl_tlt.toy.sft import ensure_toy_target, prompt_ids
 from verl_tlt.toy.task import make_problems
 
 # Bump when the warm-up recipe below changes, so stale cached drafters are not reused.
-TOY_DRAFTER_VERSION = 4
+TOY_DRAFTER_VERSION = 5
 WARMUP_PROMPTS = 512
 WARMUP_STEPS = 1200
 # Answers at both temperatures: greedy and sampled rollouts each get a drafter that knows them (sampled answers
@@ -48,24 +48,20 @@ def ensure_toy_drafter(
     compact_share and shape select the target (see `ensure_toy_target`); the drafter's cache folder names its
     target.
     """
-    from verl_tlt.warmup.offline import drafter_built_once, warmup_drafter
+    from verl_tlt.warmup.offline import drafter_built_once
 
     root = Path(cache_root) if cache_root is not None else default_cache_root()
     target = ensure_toy_target(root, seed=seed, compact_share=compact_share, shape=shape)
 
-    def warm_up(out_dir: Path, state_dir: Path) -> None:
-        prompts = toy_prompts(target, WARMUP_PROMPTS, WARMUP_PROBLEM_SEED + seed)
-        warmup_drafter(
-            str(target),
-            prompts,
-            out_dir,
-            num_steps=num_steps,
-            temperature=WARMUP_TEMPERATURES,
-            max_tokens=WARMUP_MAX_TOKENS,
-            seed=seed,
-            config=WARMUP_CONFIG,
-            state_dir=state_dir,
-        )
-
     entry = root / f"toy-drafter-v{TOY_DRAFTER_VERSION}-{target.name}-steps{num_steps}"
-    return drafter_built_once(entry, warm_up, "toy drafter")
+    return drafter_built_once(
+        entry,
+        target,
+        lambda: toy_prompts(target, WARMUP_PROMPTS, WARMUP_PROBLEM_SEED + seed),
+        "toy drafter",
+        num_steps=num_steps,
+        temperature=WARMUP_TEMPERATURES,
+        max_tokens=WARMUP_MAX_TOKENS,
+        seed=seed,
+        config=WARMUP_CONFIG,
+    )

@@ -6,14 +6,11 @@ import argparse
 import json
 
 from verl_tlt.commands import add_command, add_group, options, run_alone, usage_error
+from verl_tlt.warmup.recipe import WARMUP_GRAD_CLIP_NORM, WARMUP_LR
 
 # A warm-up that fits a coffee break: SmolLM2-135M's default warm-up on 2 CPU cores ends within it
 # (docs/benchmarks.md); a run stopped by it resumes when run again.
 DEFAULT_BUDGET_MINUTES = 20.0
-# Measured on SmolLM2's warm-up data (docs/benchmarks.md): from the zeroed-branch start, lr 1e-3 with a clip of 5
-# reached 1.3x the held-out top-1 agreement of lr 1e-3 with EAGLE's clip of 0.5 after 100 steps; lr 3e-3 diverged.
-WARMUP_LR = 1e-3
-WARMUP_GRAD_CLIP_NORM = 5.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from verl_tlt.config import DrafterConfig
 from verl_tlt.drafter.data import DrafterDataBuffer, DrafterSample
@@ -43,6 +44,8 @@ logger = logging.getLogger(__name__)
 
 # How often training is checkpointed (and the drafter exported): a kill loses at most this much work.
 CHECKPOINT_EVERY_S = 180.0
+# Training stops this long before the budget's end, for the last checkpoint and export (a few seconds on SmolLM2).
+FINAL_SAVE_S = 15.0
 
 
 @dataclass
@@ -69,14 +72,21 @@ def state_dir_of(out_dir: str | Path) -> Path:
     return out.with_name(out.name + ".warmup-state")
 
 
-def drafter_built_once(entry: Path, warm_up: Callable[[Path, Path], None], what: str) -> Path:
-    """The cached drafter export at `entry`, first built by `warm_up(out_dir, state_dir)` if it is missing.
+def drafter_built_once(
+    entry: Path, target: Path, prompts: Callable[[], list[list[int]]], what: str, **settings: Any
+) -> Path:
+    """The cached drafter export at `entry`, first warmed up (`warmup_drafter(target, prompts(), ..., **settings)`)
+    if it is missing.
 
-    The training checkpoint (state_dir) sits at a fixed place beside the entry, not beside the temporary build
-    folder, so a build that was killed resumes from it; it is removed once the export is in place.
+    The training checkpoint sits at a fixed place beside the entry, not beside the temporary build folder, so a
+    build that was killed resumes from it; it is removed once the export is in place.
     """
     state = state_dir_of(entry)
-    path = build_once(entry, lambda folder: (folder / "config.json").is_file(), lambda out: warm_up(out, state), what)
+
+    def warm_up(out_dir: Path) -> None:
+        warmup_drafter(str(target), prompts(), out_dir, state_dir=state, **settings)
+
+    path = build_once(entry, lambda folder: (folder / "config.json").is_file(), warm_up, what)
     shutil.rmtree(state, ignore_errors=True)
     return path
 
@@ -112,7 +122,7 @@ def warmup_drafter(
     if not prompts:
         raise ValueError("warmup_drafter needs at least one prompt")
     begin = time.monotonic()
-    deadline = begin + budget_seconds if budget_seconds else None
+    deadline = begin + max(0.0, budget_seconds - FINAL_SAVE_S) if budget_seconds else None
     config = config or DrafterConfig()
     temperatures = [temperature] if isinstance(temperature, (int, float)) else list(temperature)
     engine = RolloutEngine.from_pretrained(target_path, max_num_seqs=64, seed=seed)
@@ -130,6 +140,7 @@ def warmup_drafter(
         cache_root=cache_root,
     )
     generate_seconds = time.monotonic() - begin
+    engine.release_cache()  # the KV cache is not needed for training: its memory goes back before the steps
     num_tokens = sum(s.num_tokens for s in samples)
     logger.info("%d samples (%d tokens) ready in %.1f s", len(samples), num_tokens, generate_seconds)
 
