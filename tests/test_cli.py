@@ -40,6 +40,7 @@ LEAVES = [
     ("bench", "adaptive"),
     ("bench", "replay"),
     ("bench", "drafter-replay"),
+    ("bench", "drafter-train"),
 ]
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -112,8 +112,8 @@ def add_model_argument(parser: argparse.ArgumentParser) -> None:
         "--model",
         default="toy",
         help="what is decoded: toy (the trained toy target, the fast default) or a real model of `verl-tlt models "
-        "list` (prepared, and its drafter warmed up on its own answers to the real tasks, on first use: about half "
-        "an hour on 2 cores for smollm2-135m)",
+        "list` (prepared, and its drafter warmed up on its own answers to the real tasks on first use, which takes "
+        "tens of minutes on a CPU; or pass --drafter)",
     )
     parser.add_argument(
         "--drafter",
