@@ -88,8 +88,9 @@ def _warmup(args: argparse.Namespace) -> int:
     try:
         config = DrafterConfig(train_depth=args.train_depth, lr=args.lr, grad_clip_norm=args.grad_clip_norm)
     except ValueError as error:
-        flag = next(f for key, f in _RECIPE_FLAGS.items() if f"drafter.{key} " in str(error) or key == "train_depth")
-        usage_error(args, f"{flag} {getattr(args, flag[2:].replace('-', '_'))}: {error}")
+        named = (flag for key, flag in _RECIPE_FLAGS.items() if f"drafter.{key} " in str(error))
+        flag = next(named, "--train-depth")
+        usage_error(args, f"{flag} {getattr(args, flag.removeprefix('--').replace('-', '_'))}: {error}")
 
     try:
         target = str(resolve_model(args.target))
