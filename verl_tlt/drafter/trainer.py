@@ -113,7 +113,7 @@ class DrafterTrainer:
     def _update_draft_vocab(self, samples: list[DrafterSample]) -> None:
         counts = response_token_counts(samples, self.vocab_size)
         with self._vocab_lock:
-            current = self._pending_vocab or self.model.draft_vocab
+            current = self._pending_vocab if self._pending_vocab is not None else self.model.draft_vocab
             if current is None:
                 self._pending_vocab = DraftVocab.from_counts(counts, self.config.draft_vocab_size)
                 self.last_draft_vocab_miss = None
@@ -125,10 +125,7 @@ class DrafterTrainer:
                 self._pending_vocab = grown
 
     def apply_draft_vocab(self) -> None:
-        """Take up a chosen or grown draft vocabulary now rather than at the next step (call between steps)."""
-        self._take_pending_vocab()
-
-    def _take_pending_vocab(self) -> None:
+        """Take up a chosen or grown draft vocabulary (each step does first; call it between steps to do it now)."""
         with self._vocab_lock:
             vocab, self._pending_vocab = self._pending_vocab, None
         if vocab is not None:
@@ -188,7 +185,7 @@ class DrafterTrainer:
         step and returns {"skipped": 1.0, "loss": ...}: one AdamW step on NaN gradients would put NaN into its
         moments, and every later step would then turn the weights into NaN however good its data.
         """
-        self._take_pending_vocab()
+        self.apply_draft_vocab()
         self.model.train()
         batch = batch.to(self.device, self.dtype)
         if self.config.teacher_top_k == 0:
