@@ -378,3 +378,17 @@ def test_training_tells_progress_every_step_with_its_loss(target):
     assert report.steps == 3 and progress.done == 3
     assert [line.split(",")[0] for line in lines] == ["probe: 1/3 steps", "probe: 2/3 steps", "probe: 3/3 steps"]
     assert f"loss {report.last_metrics['loss']:.4f}" in lines[-1]
+
+
+def test_progress_counts_tokens_over_every_call_of_train(target):
+    """The warm-up trains in stretches between checkpoints: its lines show the run's tokens, not the stretch's."""
+    from tests.progress_probe import recording_progress
+
+    _, engine, samples = target
+    trainer = make_trainer(engine, samples)
+    first = trainer.train(max_steps=2)
+    progress, lines = recording_progress(1, every_step=True)
+    second = trainer.train(max_steps=1, progress=progress)
+    assert trainer.trained_tokens == first.tokens + second.tokens
+    assert f"{first.tokens + second.tokens} tokens" in lines[-1]
+    assert trainer.training_seconds == first.seconds + second.seconds

@@ -85,3 +85,20 @@ def test_the_group_drafts_lines_give_both_ratios_and_the_controls_yardstick():
     assert "acceptance length 4.00 vs 3.00 (ratio 1.33)" in text
     assert "by arm source: eagle 3.00, suffix 6.00, mixed n/a" in text
     assert "rollout time 5.00 s vs 6.00 s (ratio 0.83; all steps 0.90" in text and "last 3 steps: 1.05)" in text
+
+
+def test_each_runs_peak_memory_per_component_is_printed_side_by_side():
+    from verl_tlt.quickstart.memory_watch import GIB, PeakTracker
+
+    peaks = {}
+    for name, drafter in (("baseline", 0), ("tlt", GIB)):
+        tracker = PeakTracker()
+        tracker.add([("WorkerDict", 2 * GIB), ("DrafterWorker", drafter)], node_used_bytes=4 * GIB + drafter)
+        peaks[name] = tracker.report()
+    rows = [{"step": 1, "step_s": 10.0, "rollout_s": 2.0}]
+    summary = {"runs": {"tlt": rows}, "identity": {}, "stage_s": {}, "memory_peaks": peaks}
+    lines = format_report(summary).splitlines()
+    start = lines.index("peak memory per component (PSS):")
+    assert lines[start + 1].split() == ["component", "baseline", "tlt"]
+    assert lines[start + 2].split() == ["WorkerDict", "2.00", "GiB", "2.00", "GiB"]
+    assert lines[start + 3].split() == ["DrafterWorker", "0.00", "GiB", "1.00", "GiB"]

@@ -77,3 +77,25 @@ def test_a_failing_caller_stops_the_job_instead_of_leaving_it_running(fake_verl,
         run_verl_job(["forever"], tmp_path / "job", entry_module="fake_verl", timeout_s=120, on_poll=on_poll)
     (process,) = started
     assert process.returncode is not None and fake_verl == [True]
+
+
+def test_a_watched_job_reports_its_memory_peaks(fake_verl, tmp_path):
+    def on_poll(path):
+        if len(verl_job.read_metrics(path)) == 2:
+            path.with_name("answer").touch()
+
+    result = run_verl_job(
+        [], tmp_path / "job", entry_module="fake_verl", timeout_s=120, on_poll=on_poll, poll_s=0.05, watch_memory=True
+    )
+    assert result.memory["samples"] >= 1
+    assert [row["component"] for row in result.memory["components"]] == ["driver"]
+    assert result.memory["components"][0]["peak_gib"] > 0
+
+
+def test_a_failed_job_hands_over_what_it_left(fake_verl, tmp_path):
+    with pytest.raises(VerlJobError) as failed:
+        run_verl_job(
+            ["forever"], tmp_path / "job", entry_module="fake_verl", timeout_s=1, poll_s=0.05, watch_memory=True
+        )
+    assert failed.value.result.returncode == -9 and failed.value.result.log_path.exists()
+    assert failed.value.result.memory["samples"] >= 1

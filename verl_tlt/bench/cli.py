@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from verl_tlt.bench.drafter_train_cli import add_drafter_train
+from verl_tlt.bench.grpo_memory_cli import add_grpo_memory
 from verl_tlt.bench.sd_cli import add_model_argument, add_sd, subject_of
 from verl_tlt.commands import add_command, add_group, options, positive_int, run_alone, usage_error
 
@@ -16,7 +17,16 @@ from verl_tlt.commands import add_command, add_group, options, positive_int, run
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Adds `bench` and every benchmark to the `verl-tlt` command tree."""
     bench = add_group(subparsers, "bench", "benchmarks: ratios measured in one run, printed and optionally saved")
-    for add in (_add_engine, _add_verify, add_sd, _add_adaptive, _add_replay, _add_drafter_replay, add_drafter_train):
+    for add in (
+        _add_engine,
+        _add_verify,
+        add_sd,
+        _add_adaptive,
+        _add_replay,
+        _add_drafter_replay,
+        add_drafter_train,
+        add_grpo_memory,
+    ):
         add(bench)
 
 

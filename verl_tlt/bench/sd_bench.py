@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 
+from verl_tlt.bench.drafting_cost import drafting_cost, print_drafting_cost
 from verl_tlt.bench.host import host_info
 from verl_tlt.bench.subject import BenchSubject
 from verl_tlt.engine import CompletionOutput, RolloutEngine, SamplingParams
@@ -108,6 +109,8 @@ def run(
         for strategy in strategies
     }
     rows = _speedup_curve(engine, prompts, params, strategies, batch_sizes, rounds)
+    cost = drafting_cost(engine, strategies)
+    print_drafting_cost(cost)
     result = {
         "benchmark": "sd",
         **subject.about(),
@@ -127,6 +130,8 @@ def run(
         "acceptance_by_strategy": acceptance,
         "acceptance_prompts": acceptance_prompts,
         "rows": rows,
+        # Drafter time per draft token over the draft vocabulary vs the full head (None without a draft vocabulary).
+        "drafting_cost": cost,
     }
     if json_path:
         write_json(json_path, result)

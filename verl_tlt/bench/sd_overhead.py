@@ -55,6 +55,9 @@ class EmbeddingDrafter(Drafter):
         return F.linear(self.norm(self.embed(tokens)), self.head_weight)
 
 
+_UNSET = object()
+
+
 def _no_sync() -> None:
     pass
 
@@ -94,13 +97,15 @@ def instrument(engine: RolloutEngine, drafter: Drafter) -> tuple[Stopwatch, Stop
 def bench_sd_overhead(engine: RolloutEngine, strategy: str, steps: int, warmup: int) -> dict:
     """Mean step / target / drafter / overhead times of `steps` speculative steps of `engine`'s one running request.
 
-    `engine` has its drafter (an EmbeddingDrafter) and one prefilled request; the model's `logits` is unwrapped
-    again on return, since the model may serve other engines afterwards.
+    `engine` has its drafter and one prefilled request; the timed calls are unwrapped again on return, since the
+    model may serve other engines and the engine other measurements afterwards.
     """
     drafter = engine.drafter
     for _ in range(warmup):
         engine.step(strategy)
     sync = synchronizer(engine.device)
+    wrapped = [(engine.runner, "forward"), (engine.model, "logits"), (drafter, "begin"), (drafter, "expand")]
+    before = [(owner, name, vars(owner).get(name, _UNSET)) for owner, name in wrapped]
     target, draft = instrument(engine, drafter)
     step_s = 0.0
     try:
@@ -111,7 +116,11 @@ def bench_sd_overhead(engine: RolloutEngine, strategy: str, steps: int, warmup: 
             sync()
             step_s += time.perf_counter() - start
     finally:
-        del engine.model.logits  # the wrapper was an instance attribute shadowing the method
+        for owner, name, value in before:  # each wrapper is an instance attribute shadowing the method
+            if value is _UNSET:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
     if not engine.running:
         raise RuntimeError("the request finished during the measured steps; lower the number of steps")
     request = engine.running[0]

@@ -78,6 +78,9 @@ class DrafterTrainer:
         self.optimizer = torch.optim.AdamW(params, lr=self.config.lr, betas=ADAMW_BETAS, weight_decay=WEIGHT_DECAY)
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         self.global_step = 0
+        # Pairs trained and seconds spent in train() over this trainer's life (every call): what progress lines show,
+        # so a run that trains in stretches (the warm-up's, between checkpoints) reports its totals, not a stretch's.
+        self.trained_tokens, self.training_seconds = 0, 0.0
         self.autocast = autocast_dtype(self.device) if self.dtype == torch.float32 else None
         self.last_draft_vocab_miss: float | None = None  # share of the last added response tokens outside the map
         self._pending_vocab: DraftVocab | None = None  # a grown map, taken up at the next step's start
@@ -167,9 +170,12 @@ class DrafterTrainer:
             report.last_metrics = metrics
             report.steps += 1
             report.tokens += batch.num_pairs
+            self.trained_tokens += batch.num_pairs
             if progress is not None:
-                progress.update(report.steps, lambda: _progress_extra(report, time.monotonic() - start))
+                seconds = self.training_seconds + time.monotonic() - start
+                progress.update(report.steps, lambda: _progress_extra(report, self.trained_tokens, seconds))
         report.seconds = time.monotonic() - start
+        self.training_seconds += report.seconds
         if report.skipped_steps:
             logger.warning(
                 "Drafter training skipped %d of %d batches (non-finite loss or gradient)",
@@ -309,10 +315,11 @@ class DrafterTrainer:
             raise ValueError(f"Cannot load drafter trainer checkpoint {path}: {error}") from error
 
 
-def _progress_extra(report: TrainReport, seconds: float) -> str:
+def _progress_extra(report: TrainReport, tokens: int, seconds: float) -> str:
+    """The last step's loss and accuracy; pairs trained and tokens/s over the trainer's life (see trained_tokens)."""
     metrics = report.last_metrics
     shown = [f"{key} {metrics[key]:.4f}" for key in ("loss", "top1_accuracy") if key in metrics]
-    return ", ".join(shown + [f"{report.tokens} tokens", f"{report.tokens / max(seconds, 1e-9):.0f} tokens/s"])
+    return ", ".join(shown + [f"{tokens} tokens", f"{tokens / max(seconds, 1e-9):.0f} tokens/s"])
 
 
 def drafter_forward(model: EagleDrafterModel, batch: PackedBatch, input_hidden: torch.Tensor) -> torch.Tensor:

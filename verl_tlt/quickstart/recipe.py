@@ -69,9 +69,46 @@ def toy_grpo_overrides(
     replicas: int = 1,
     rollout: str = "torch",
 ) -> list[str]:
-    """verl overrides for GRPO on the toy world on CPU (everything platform-specific comes from +cpu=<rollout>).
+    """verl overrides for GRPO on the toy world on CPU (see `grpo_overrides`).
 
     model_dir: the actor's initial weights (default: the world's untrained model), e.g. the SFT toy target.
+    """
+    return grpo_overrides(
+        train_files=world.train_parquet,
+        val_files=world.val_parquet,
+        model_dir=model_dir or world.model_dir,
+        reward_fn=reward_fn or world.reward_fn,
+        max_prompt_length=16,
+        steps=steps,
+        batch_size=batch_size,
+        group_size=group_size,
+        max_response_length=max_response_length,
+        lr=lr,
+        replicas=replicas,
+        rollout=rollout,
+        experiment="toy_grpo",
+    )
+
+
+def grpo_overrides(
+    *,
+    train_files: str | Path,
+    val_files: str | Path,
+    model_dir: str | Path,
+    reward_fn: str | Path,
+    max_prompt_length: int,
+    steps: int,
+    batch_size: int,
+    group_size: int,
+    max_response_length: int,
+    lr: float,
+    replicas: int = 1,
+    rollout: str = "torch",
+    experiment: str = "grpo",
+) -> list[str]:
+    """verl overrides for GRPO on CPU (everything platform-specific comes from +cpu=<rollout>).
+
+    reward_fn: a file with `compute_score` (verl's custom reward function).
     replicas: trainer workers = rollout replicas (one CPU core each); each worker gets an equal share of a batch.
     rollout: "torch" (verl-tlt's torch engine) or "vllm" (verl's vLLM rollout on vLLM's CPU build).
     """
@@ -82,26 +119,26 @@ def toy_grpo_overrides(
     return [
         f"+cpu={rollout}",
         "algorithm.adv_estimator=grpo",
-        f"data.train_files={world.train_parquet}",
-        f"data.val_files={world.val_parquet}",
+        f"data.train_files={train_files}",
+        f"data.val_files={val_files}",
         f"data.train_batch_size={batch_size}",
-        "data.max_prompt_length=16",
+        f"data.max_prompt_length={max_prompt_length}",
         f"data.max_response_length={max_response_length}",
-        f"actor_rollout_ref.model.path={model_dir or world.model_dir}",
+        f"actor_rollout_ref.model.path={model_dir}",
         f"actor_rollout_ref.actor.optim.lr={lr}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={mini_batch}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro_batch}",
         "actor_rollout_ref.actor.use_kl_loss=false",
         f"actor_rollout_ref.rollout.n={group_size}",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro_batch}",
-        f"reward.custom_reward_function.path={reward_fn or world.reward_fn}",
+        f"reward.custom_reward_function.path={reward_fn}",
         "trainer.val_before_train=false",
         "trainer.test_freq=-1",
         f"trainer.n_gpus_per_node={replicas}",
         "trainer.save_freq=-1",
         f"trainer.total_training_steps={steps}",
         "trainer.project_name=verl_tlt_quickstart",
-        "trainer.experiment_name=toy_grpo",
+        f"trainer.experiment_name={experiment}",
     ]
 
 

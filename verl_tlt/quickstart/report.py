@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from verl_tlt.progress import format_duration
+from verl_tlt.quickstart.memory_watch import format_memory_table
 from verl_tlt.quickstart.recipe import BASELINE, COMPARED, CONTROL, GROUP_DRAFTS, SETUP_STAGE
 from verl_tlt.quickstart.summary import format_decode_costs, format_table
 
@@ -24,6 +25,8 @@ def format_report(summary: dict[str, Any]) -> str:
     lines += ["", *identity_lines(summary.get("identity", {}), control_ran=CONTROL in runs)]
     if summary.get("identity_note"):
         lines.append(f"  note: {summary['identity_note']}")
+    if summary.get("memory_peaks"):
+        lines += ["", "peak memory per component (PSS):", format_memory_table(summary["memory_peaks"])]
     lines += ["", format_stage_times(summary.get("stage_s", {}))]
     return "\n".join(lines)
 

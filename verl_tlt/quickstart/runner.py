@@ -105,6 +105,7 @@ class RunResult:
     responses: dict[int, list[tuple[str, str]]]  # identity.responses_by_step
     decode: dict[str, dict[str, float]]  # decode ms per token by batch-size group (ms_per_token_by_batch)
     wall_s: float
+    memory: dict | None = None  # each component's peak memory (memory_watch.PeakTracker.report)
 
 
 def run_one(
@@ -127,11 +128,13 @@ def run_one(
         timeout_s=timeout_s,
         entry_module="verl_tlt.main_ppo",
         on_poll=progress,
+        watch_memory=True,
     )
     rollouts = {m["step"]: read_rollouts(result.rollout_dump_dir, m["step"]) for m in result.metrics}
     trace = read_trace(run_dir / TRACE_FILE)
     decode = ms_per_token_by_batch([r.get("decode_costs") or {} for records in trace.values() for r in records])
-    return RunResult(step_rows(result.metrics, trace, rollouts), responses_by_step(rollouts), decode, result.wall_s)
+    rows = step_rows(result.metrics, trace, rollouts)
+    return RunResult(rows, responses_by_step(rollouts), decode, result.wall_s, result.memory)
 
 
 def run_comparison(
@@ -212,6 +215,8 @@ def build_summary(
         "decode_ms_per_token_by_batch": {name: r.decode for name, r in results.items()},
         "stage_s": stage_s,
         "wall_s": {name: round(r.wall_s, 1) for name, r in results.items()},
+        # Each component's peak PSS per run (driver, verl's workers, rollout servers, drafter workers, Ray itself).
+        "memory_peaks": {name: r.memory for name, r in results.items() if r.memory},
         "runs": runs,
         "overrides": overrides,
     }

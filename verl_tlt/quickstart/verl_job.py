@@ -32,6 +32,7 @@ class JobResult:
     log_path: Path
     metrics: list[dict]  # one dict per training step, in step order (verl's file logger)
     rollout_dump_dir: Path
+    memory: dict | None = None  # per-component peaks (memory_watch.PeakTracker.report) when the job was watched
 
     def tail(self, num_lines: int = 40) -> str:
         lines = self.log_path.read_text(errors="replace").splitlines()
@@ -39,7 +40,11 @@ class JobResult:
 
 
 class VerlJobError(RuntimeError):
-    pass
+    """The job failed or ran out of time; `result` holds what it left (log, exit code, memory peaks)."""
+
+    def __init__(self, message: str, result: JobResult) -> None:
+        super().__init__(message)
+        self.result = result
 
 
 def run_verl_job(
@@ -51,12 +56,14 @@ def run_verl_job(
     env: dict[str, str] | None = None,
     on_poll: Callable[[Path], None] | None = None,
     poll_s: float = 2.0,
+    watch_memory: bool = False,
 ) -> JobResult:
     """Run `python -m <entry_module> <overrides>`; logs, metrics and rollout dumps go under `out_dir`.
 
     Adds the file logger and rollout dumps to the overrides. Raises VerlJobError (with the log tail) if the job
     fails or exceeds `timeout_s`; the whole process group is killed on timeout. `on_poll(metrics_path)` is called
-    about every `poll_s` seconds while the job runs.
+    about every `poll_s` seconds while the job runs. `watch_memory` samples the job's processes as often and puts
+    each component's peak in `JobResult.memory` (see memory_watch).
     """
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -85,20 +92,42 @@ def run_verl_job(
         process = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, env=job_env, cwd=out_dir, start_new_session=True
         )
+        poll, memory = _poller(process.pid, on_poll, watch_memory)
         try:
-            returncode = _wait(process, start + timeout_s, metrics_path, on_poll, poll_s)
+            returncode = _wait(process, start + timeout_s, metrics_path, poll, poll_s)
         except BaseException:  # an interrupt or a failing on_poll: the job must not outlive its caller
             _kill(process, job_env)
             raise
         if returncode is None:
             _kill(process, job_env)
-            result = JobResult(-9, time.monotonic() - start, log_path, [], dump_dir)
+            result = JobResult(-9, time.monotonic() - start, log_path, [], dump_dir, memory)
             message = f"verl job exceeded {timeout_s:.0f} s and was killed; log tail:\n{result.tail()}"
-            raise VerlJobError(message)
-    result = JobResult(returncode, time.monotonic() - start, log_path, read_metrics(metrics_path), dump_dir)
+            raise VerlJobError(message, result)
+    metrics = read_metrics(metrics_path)
+    result = JobResult(returncode, time.monotonic() - start, log_path, metrics, dump_dir, memory)
     if returncode != 0:
-        raise VerlJobError(f"verl job failed with exit code {returncode}; log {log_path}, tail:\n{result.tail()}")
+        message = f"verl job failed with exit code {returncode}; log {log_path}, tail:\n{result.tail()}"
+        raise VerlJobError(message, result)
     return result
+
+
+def _poller(
+    pid: int, on_poll: Callable[[Path], None] | None, watch_memory: bool
+) -> tuple[Callable[[Path], None] | None, dict | None]:
+    """What to call at each poll, and the dict the memory peaks are kept in (filled as the job runs)."""
+    if not watch_memory:
+        return on_poll, None
+    from verl_tlt.quickstart.memory_watch import JobMemoryWatch
+
+    watch, report = JobMemoryWatch(pid), {}
+
+    def poll(metrics_path: Path) -> None:
+        watch.sample()
+        report.update(watch.tracker.report())
+        if on_poll is not None:
+            on_poll(metrics_path)
+
+    return poll, report
 
 
 def _wait(
