@@ -27,8 +27,10 @@ def component_of(cmdline: Sequence[str], is_root: bool) -> str:
     head = cmdline[0] if cmdline else ""
     if not head.startswith("ray::"):
         return RAY_SYSTEM
-    # "ray::WorkerDict.actor_rollout_generate_sequences" while a method runs, "ray::WorkerDict" between calls.
-    actor = head.removeprefix("ray::").split(" ")[0].split(".")[0]
+    # "ray::WorkerDict.actor_rollout_generate_sequences" while a method runs, "ray::WorkerDict" between calls, and a
+    # named actor's "ray::torch_server_0_0:TorchRolloutServer": the class is the component.
+    title = head.removeprefix("ray::").split(" ")[0]
+    actor = title.rsplit(":", 1)[-1].split(".")[0]
     return RAY_IDLE if actor in ("", "IDLE") else actor
 
 
