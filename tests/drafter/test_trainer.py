@@ -249,6 +249,25 @@ def test_evaluation_windows_long_samples_like_training(target, monkeypatch):
     assert metrics["num_pairs"] == sum(s.num_loss_pairs for s in samples[:2])
 
 
+def test_evaluation_in_position_chunks_scores_as_the_whole_batch_does(target, monkeypatch):
+    """Scoring runs a few positions at a time (memory bounded by the chunk, not the batch); the scores that use no
+    noise are the same either way, and the noisy ones stay probabilities."""
+    import verl_tlt.drafter.evaluate as evaluate
+
+    _, engine, samples = target
+    model = EagleDrafterModel.from_target(engine.model)
+    with torch.no_grad():
+        for param in model.parameters():  # off its start, so the drafter disagrees with the target somewhere
+            param.add_(0.05 * torch.randn(param.shape, generator=torch.Generator().manual_seed(0)))
+    whole = evaluate.evaluate_drafter(model, samples, 128)
+    monkeypatch.setattr(evaluate, "EVAL_CHUNK_POSITIONS", 3)
+    chunked = evaluate.evaluate_drafter(model, samples, 128)
+    for key in ("top1_accuracy", "accept_prob", "chain_greedy_acceptance_length", "num_pairs"):
+        assert chunked[key] == pytest.approx(whole[key], rel=1e-5), key
+    assert 0.0 < whole["top1_accuracy"] < 1.0
+    assert 0.0 <= chunked["coupled_accept_prob"] <= 1.0
+
+
 def test_a_missing_checkpoint_is_not_found(target, tmp_path):
     _, engine, samples = target
     with pytest.raises(FileNotFoundError, match="No drafter trainer checkpoint at .*missing"):

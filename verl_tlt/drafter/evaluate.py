@@ -14,6 +14,8 @@ COUPLING_SEED = 1234
 # Chain depth of the acceptance-length estimates; the trainer's per-step estimate uses it too, so that one and a
 # held-out score compare.
 ESTIMATE_DEPTH = 4
+# Positions per head call when scoring: bounds the [positions, vocabulary] tensors (50 MB each at a 49k vocabulary).
+EVAL_CHUNK_POSITIONS = 256
 
 
 @torch.no_grad()
@@ -60,19 +62,16 @@ def evaluate_drafter(
     for part in chunks:
         batch = pack(part).to(device, dtype)
         mask = batch.loss_mask
-        target_probs = model.target_logits(batch.target_hidden).float().softmax(-1)
         # Each start's chain along its response: survival of every depth so far, under keyed and greedy drafting.
         alive_coupled = alive_greedy = mask.float()
         chain_coupled += float(alive_coupled.sum())  # the verify step's own token
         chain_greedy += float(alive_greedy.sum())
         for level, drafted in enumerate(unrolled_forward(model, batch, depth), start=1):
-            logits = model.logits(drafted.features)
-            probs = target_probs[:, drafted.target_index]
             reachable = drafted.loss_mask(mask).float()
-            greedy = probs.gather(-1, logits.argmax(-1, keepdim=True)).squeeze(-1) * reachable
-            shared = _coupled_agreement(logits, probs, noise_generator) * reachable
+            greedy, shared, same_argmax = _level_scores(model, batch.target_hidden, drafted, noise_generator)
+            greedy, shared = greedy * reachable, shared * reachable
             if level == 1:
-                agree += float(((logits.argmax(-1) == probs.argmax(-1)) & mask).sum())
+                agree += float((same_argmax & mask).sum())
                 accept += float((greedy * mask).sum())
                 coupled += float((shared * mask).sum())
             alive_coupled, alive_greedy = alive_coupled * shared, alive_greedy * greedy
@@ -95,14 +94,41 @@ def evaluate_drafter(
     }
 
 
+def _level_scores(model: EagleDrafterModel, target_hidden: torch.Tensor, drafted, generator: torch.Generator):
+    """[1, N] each, for one depth of the unrolled chain: the target's probability of the drafter's argmax, the
+    shared-noise agreement, and whether the two argmaxes match.
+
+    Both distributions are made EVAL_CHUNK_POSITIONS positions at a time (the target's from the features of the
+    pairs the depth predicts), so memory holds a few [chunk, vocabulary] tensors whatever the batch's tokens: a
+    whole batch at once was [tokens, vocabulary] per distribution and COUPLING_DRAWS times that for the noise (6 GB
+    at 4096 tokens and a 49k vocabulary, which got drafter workers killed for memory).
+    """
+    num_positions = drafted.features.shape[1]
+    greedy = torch.zeros(1, num_positions, device=drafted.features.device)
+    shared = torch.zeros_like(greedy)
+    same_argmax = torch.zeros(1, num_positions, dtype=torch.bool, device=greedy.device)
+    for start in range(0, num_positions, EVAL_CHUNK_POSITIONS):
+        rows = slice(start, start + EVAL_CHUNK_POSITIONS)
+        logits = model.logits(drafted.features[:, rows])
+        probs = model.target_logits(target_hidden[:, drafted.target_index[rows]]).float().softmax(-1)
+        pick = logits.argmax(-1, keepdim=True)
+        greedy[:, rows] = probs.gather(-1, pick).squeeze(-1)
+        shared[:, rows] = _coupled_agreement(logits, probs, generator)
+        same_argmax[:, rows] = pick.squeeze(-1) == probs.argmax(-1)
+    return greedy, shared, same_argmax
+
+
 def _coupled_agreement(draft_logits: torch.Tensor, target_probs: torch.Tensor, generator: torch.Generator):
-    """[1, N]: the share of COUPLING_DRAWS shared-noise Gumbel-max draws on which drafter and target pick alike."""
-    shape = (COUPLING_DRAWS, *target_probs.shape)
-    uniform = torch.rand(shape, generator=generator).clamp_(min=1e-20).to(target_probs.device)
-    gumbel = -torch.log(-torch.log(uniform))
-    draft_pick = (draft_logits.float().log_softmax(-1) + gumbel).argmax(-1)
-    target_pick = (target_probs.clamp(min=1e-30).log() + gumbel).argmax(-1)
-    return (draft_pick == target_pick).float().mean(0)
+    """[..., N]: the share of COUPLING_DRAWS shared-noise Gumbel-max draws on which drafter and target pick alike
+    (one draw at a time: each is a [..., N, V] tensor)."""
+    draft_log_probs = draft_logits.float().log_softmax(-1)
+    target_log_probs = target_probs.clamp(min=1e-30).log()
+    agree = torch.zeros(target_probs.shape[:-1], device=target_probs.device)
+    for _ in range(COUPLING_DRAWS):
+        uniform = torch.rand(target_probs.shape, generator=generator).clamp_(min=1e-20).to(target_probs.device)
+        gumbel = -torch.log(-torch.log(uniform))
+        agree += ((draft_log_probs + gumbel).argmax(-1) == (target_log_probs + gumbel).argmax(-1)).float()
+    return agree / COUPLING_DRAWS
 
 
 def estimated_acceptance_length(accuracy: float, depth: int) -> float:
