@@ -259,6 +259,15 @@ class DrafterConfig:
             "target's head over every trained token at every step: exact, and several times slower)."
         },
     )
+    eval_max_pairs: int = field(
+        default=1024,
+        metadata={
+            "help": "The drafter is scored each step on this many response positions of the step's fresh captures "
+            "(whole samples, evenly spaced; tlt/drafter/eval_*), before it trains on them, off the trainer's path "
+            "until the step's end waits for it. Scoring runs both heads and 8 noise draws per position at depths "
+            "1-4, so its cost grows with this. 0 = no per-step scores."
+        },
+    )
     draft_vocab_size: int = field(
         default=8192,
         metadata={
@@ -325,7 +334,7 @@ class DrafterConfig:
         for key in ("buffer_tokens", "capture_tokens", "sync_every", "min_idle_replicas", "train_depth"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{path}.{key} must be >= 1, got {getattr(self, key)}")
-        for key, example in (("teacher_top_k", 64), ("draft_vocab_size", 8192)):
+        for key, example in (("teacher_top_k", 64), ("draft_vocab_size", 8192), ("eval_max_pairs", 1024)):
             if getattr(self, key) < 0:
                 raise ValueError(
                     f"{path}.{key} must be >= 0 (0 = off), got {getattr(self, key)}; e.g. {path}.{key}={example}"

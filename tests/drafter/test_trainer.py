@@ -268,6 +268,17 @@ def test_evaluation_in_position_chunks_scores_as_the_whole_batch_does(target, mo
     assert 0.0 <= chunked["coupled_accept_prob"] <= 1.0
 
 
+def test_the_evaluation_subsample_is_whole_samples_evenly_spaced():
+    from types import SimpleNamespace
+
+    from verl_tlt.drafter.evaluate import subsample_for_evaluation
+
+    samples = [SimpleNamespace(num_loss_pairs=10, index=i) for i in range(10)]
+    assert [s.index for s in subsample_for_evaluation(samples, 30)] == [0, 3, 6]
+    assert subsample_for_evaluation(samples, 100) == samples and subsample_for_evaluation(samples, 1)[0].index == 0
+    assert subsample_for_evaluation([], 5) == []
+
+
 def test_a_missing_checkpoint_is_not_found(target, tmp_path):
     _, engine, samples = target
     with pytest.raises(FileNotFoundError, match="No drafter trainer checkpoint at .*missing"):

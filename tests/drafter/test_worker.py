@@ -324,6 +324,16 @@ def test_evaluate_scores_the_trained_and_the_initial_drafter_on_the_same_samples
     assert 0.0 <= after["online_top1_accuracy"] <= 1.0
 
 
+def test_evaluate_scores_about_eval_max_pairs_positions_and_none_at_zero(varied_qwen2, samples):
+    import dataclasses
+
+    few = make_worker(varied_qwen2[0], dataclasses.replace(CONFIG, eval_max_pairs=40))
+    scored = few.evaluate(samples)["online_num_pairs"]
+    assert 0 < scored < sum(s.num_loss_pairs for s in samples) and abs(scored - 40) <= 20  # whole samples of ~19
+    off = make_worker(varied_qwen2[0], dataclasses.replace(CONFIG, eval_max_pairs=0))
+    assert off.evaluate(samples) == {}
+
+
 def test_evaluate_refuses_while_training_runs(fed, samples):
     worker = fed()
     assert worker.spot.start()

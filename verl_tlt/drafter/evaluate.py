@@ -67,9 +67,8 @@ def evaluate_drafter(
         chain_coupled += float(alive_coupled.sum())  # the verify step's own token
         chain_greedy += float(alive_greedy.sum())
         for level, drafted in enumerate(unrolled_forward(model, batch, depth), start=1):
-            reachable = drafted.loss_mask(mask).float()
-            greedy, shared, same_argmax = _level_scores(model, batch.target_hidden, drafted, noise_generator)
-            greedy, shared = greedy * reachable, shared * reachable
+            reachable = drafted.loss_mask(mask)
+            greedy, shared, same_argmax = _level_scores(model, batch.target_hidden, drafted, reachable, noise_generator)
             if level == 1:
                 agree += float((same_argmax & mask).sum())
                 accept += float((greedy * mask).sum())
@@ -94,9 +93,12 @@ def evaluate_drafter(
     }
 
 
-def _level_scores(model: EagleDrafterModel, target_hidden: torch.Tensor, drafted, generator: torch.Generator):
+def _level_scores(
+    model: EagleDrafterModel, target_hidden: torch.Tensor, drafted, scored: torch.Tensor, generator: torch.Generator
+):
     """[1, N] each, for one depth of the unrolled chain: the target's probability of the drafter's argmax, the
-    shared-noise agreement, and whether the two argmaxes match.
+    shared-noise agreement, and whether the two argmaxes match; computed where `scored` [1, N] is True (response
+    positions whose chain reaches this depth), zero elsewhere.
 
     Both distributions are made EVAL_CHUNK_POSITIONS positions at a time (the target's from the features of the
     pairs the depth predicts), so memory holds a few [chunk, vocabulary] tensors whatever the batch's tokens: a
@@ -107,8 +109,9 @@ def _level_scores(model: EagleDrafterModel, target_hidden: torch.Tensor, drafted
     greedy = torch.zeros(1, num_positions, device=drafted.features.device)
     shared = torch.zeros_like(greedy)
     same_argmax = torch.zeros(1, num_positions, dtype=torch.bool, device=greedy.device)
-    for start in range(0, num_positions, EVAL_CHUNK_POSITIONS):
-        rows = slice(start, start + EVAL_CHUNK_POSITIONS)
+    positions = scored[0].nonzero().squeeze(-1)
+    for start in range(0, positions.numel(), EVAL_CHUNK_POSITIONS):
+        rows = positions[start : start + EVAL_CHUNK_POSITIONS]
         logits = model.logits(drafted.features[:, rows])
         probs = model.target_logits(target_hidden[:, drafted.target_index[rows]]).float().softmax(-1)
         pick = logits.argmax(-1, keepdim=True)
@@ -129,6 +132,17 @@ def _coupled_agreement(draft_logits: torch.Tensor, target_probs: torch.Tensor, g
         gumbel = -torch.log(-torch.log(uniform))
         agree += ((draft_log_probs + gumbel).argmax(-1) == (target_log_probs + gumbel).argmax(-1)).float()
     return agree / COUPLING_DRAWS
+
+
+def subsample_for_evaluation(samples: list, max_pairs: int) -> list:
+    """Whole samples, evenly spaced over `samples`, holding about `max_pairs` response positions (all of them when
+    they hold fewer): a step's score then costs about the same whatever it captured. Deterministic."""
+    total = sum(sample.num_loss_pairs for sample in samples)
+    if total <= max_pairs or not samples:
+        return list(samples)
+    keep = max(1, round(len(samples) * max_pairs / total))
+    stride = len(samples) / keep
+    return [samples[int(i * stride)] for i in range(keep)]
 
 
 def estimated_acceptance_length(accuracy: float, depth: int) -> float:

@@ -23,7 +23,7 @@ import torch
 
 from verl_tlt.config import DrafterConfig
 from verl_tlt.drafter.data import DrafterSample
-from verl_tlt.drafter.evaluate import evaluate_drafter
+from verl_tlt.drafter.evaluate import evaluate_drafter, subsample_for_evaluation
 from verl_tlt.drafter.model import EagleDrafterModel
 from verl_tlt.drafter.spot import SpotTrainer
 
@@ -85,11 +85,15 @@ class DrafterWorker:
     def evaluate(self, samples: list[DrafterSample]) -> dict[str, float]:
         """Score the current drafter and the initial (frozen) one on samples neither has trained on.
 
-        Keys: online_<metric> and frozen_<metric> for every metric of `evaluate_drafter`. Call it before
-        add_samples, and not while training runs (it reads the weights being trained).
+        Keys: online_<metric> and frozen_<metric> for every metric of `evaluate_drafter`, on about
+        `eval_max_pairs` response positions of `samples` (none when it is 0). Call it before add_samples, and not
+        while training runs (it reads the weights being trained).
         """
         if self.spot.is_running:
             raise RuntimeError("DrafterWorker.evaluate while spot training runs; stop() first")
+        if self.config.eval_max_pairs == 0:
+            return {}
+        samples = subsample_for_evaluation(samples, self.config.eval_max_pairs)
         tokens = self.config.max_tokens_per_batch
         online = evaluate_drafter(self.spot.trainer.model, samples, tokens)
         frozen = evaluate_drafter(self.frozen, samples, tokens)
