@@ -136,6 +136,10 @@ class DrafterTrainer:
 
     # ----- training ------------------------------------------------------------------------------------------
 
+    def _progress_extra(self, report: TrainReport, call_start: float) -> str:
+        seconds = self.training_seconds + time.monotonic() - call_start
+        return _progress_extra(report, self.trained_tokens, seconds)
+
     def train(
         self,
         stop: threading.Event | None = None,
@@ -172,8 +176,7 @@ class DrafterTrainer:
             report.tokens += batch.num_pairs
             self.trained_tokens += batch.num_pairs
             if progress is not None:
-                seconds = self.training_seconds + time.monotonic() - start
-                progress.update(report.steps, lambda: _progress_extra(report, self.trained_tokens, seconds))
+                progress.update(report.steps, lambda: self._progress_extra(report, start))
         report.seconds = time.monotonic() - start
         self.training_seconds += report.seconds
         if report.skipped_steps:
