@@ -137,8 +137,8 @@ class DrafterTrainer:
     # ----- training ------------------------------------------------------------------------------------------
 
     def _progress_extra(self, report: TrainReport, call_start: float) -> str:
-        seconds = self.training_seconds + time.monotonic() - call_start
-        return _progress_extra(report, self.trained_tokens, seconds)
+        """The line's extra text: the last step's scores, and tokens and tokens/s over the trainer's life."""
+        return _progress_text(report, self.trained_tokens, self.training_seconds + time.monotonic() - call_start)
 
     def train(
         self,
@@ -318,7 +318,7 @@ class DrafterTrainer:
             raise ValueError(f"Cannot load drafter trainer checkpoint {path}: {error}") from error
 
 
-def _progress_extra(report: TrainReport, tokens: int, seconds: float) -> str:
+def _progress_text(report: TrainReport, tokens: int, seconds: float) -> str:
     """The last step's loss and accuracy; pairs trained and tokens/s over the trainer's life (see trained_tokens)."""
     metrics = report.last_metrics
     shown = [f"{key} {metrics[key]:.4f}" for key in ("loss", "top1_accuracy") if key in metrics]

@@ -19,6 +19,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from verl_tlt.quickstart.memory_watch import JobMemoryWatch
 
 logger = logging.getLogger(__name__)
 
@@ -92,12 +96,13 @@ def run_verl_job(
         process = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, env=job_env, cwd=out_dir, start_new_session=True
         )
-        poll, memory = _poller(process.pid, on_poll, watch_memory)
+        poll, watch = _poller(process.pid, on_poll, watch_memory)
         try:
             returncode = _wait(process, start + timeout_s, metrics_path, poll, poll_s)
         except BaseException:  # an interrupt or a failing on_poll: the job must not outlive its caller
             _kill(process, job_env)
             raise
+        memory = watch.tracker.report() if watch is not None else None
         if returncode is None:
             _kill(process, job_env)
             result = JobResult(-9, time.monotonic() - start, log_path, [], dump_dir, memory)
@@ -113,21 +118,20 @@ def run_verl_job(
 
 def _poller(
     pid: int, on_poll: Callable[[Path], None] | None, watch_memory: bool
-) -> tuple[Callable[[Path], None] | None, dict | None]:
-    """What to call at each poll, and the dict the memory peaks are kept in (filled as the job runs)."""
+) -> tuple[Callable[[Path], None] | None, JobMemoryWatch | None]:
+    """What to call at each poll, and the memory watch it samples (None when the job is not watched)."""
     if not watch_memory:
         return on_poll, None
     from verl_tlt.quickstart.memory_watch import JobMemoryWatch
 
-    watch, report = JobMemoryWatch(pid), {}
+    watch = JobMemoryWatch(pid)
 
     def poll(metrics_path: Path) -> None:
         watch.sample()
-        report.update(watch.tracker.report())
         if on_poll is not None:
             on_poll(metrics_path)
 
-    return poll, report
+    return poll, watch
 
 
 def _wait(
