@@ -27,7 +27,7 @@ step() {  # step NAME SECONDS COMMAND...
 }
 
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
-step gpu_tests 150 "$python" -m pytest -q -m gpu tests/engine/test_engine_cuda.py tests/engine/test_eagle_inference.py \
+step gpu_tests 150 "$python" -m pytest -q -m gpu tests/engine/test_engine_cuda.py tests/engine/drafts/test_eagle_forward.py \
     tests/bench/test_verify_bench.py tests/drafter/test_precision.py
 step sd_graphs 120 "$python" -m verl_tlt.cli bench sd curve --device cuda --cuda-graphs --strategies 4_1_4 2_1_2 \
     --acceptance-prompts 8 --json "$out/sd_graphs.json"

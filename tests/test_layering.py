@@ -32,6 +32,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("modeling",),
     ("drafter",),
     ("engine",),
+    # The control contract between the TLT runtime and a rollout server, and the bookkeeping both servers share.
+    ("integrations.control",),
     # The two rollout backends, peers (neither imports the other): the torch engine's server, replica and adapter,
     # and TLT over verl's vLLM rollout; both sit below the verl glue that drives them.
     ("integrations.torch_rollout", "integrations.vllm"),
@@ -54,6 +56,7 @@ REQUIRED_UNITS = (
     "modeling",
     "drafter",
     "engine",
+    "integrations.control",
     "integrations.torch_rollout",
     "integrations.vllm",
     "integrations.verl",
@@ -69,6 +72,7 @@ FRAMEWORK_FREE = (
     "verl_tlt.modeling",
     "verl_tlt.drafter",
     "verl_tlt.engine",
+    "verl_tlt.integrations.control",
 )
 
 

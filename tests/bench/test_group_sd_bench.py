@@ -11,7 +11,7 @@ from verl_tlt.bench import group_sd_bench, sd_cli
 from verl_tlt.bench.group_sd_bench import GroupBenchConfig, measure
 from verl_tlt.drafter.model import EagleDrafterModel
 from verl_tlt.engine import RolloutEngine
-from verl_tlt.engine.eagle_drafter import EagleDrafter
+from verl_tlt.engine.drafts.eagle import EagleDrafter
 
 ROW_KEYS = {
     "source",

@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 from tests.drafter.conftest import ARCHS, trained_drafter
 from verl_tlt.drafter import EagleDrafterModel, export_eagle, load_eagle
 from verl_tlt.drafter import export as export_module
-from verl_tlt.engine.drafter import DraftContext
-from verl_tlt.engine.eagle_drafter import EagleDrafter
+from verl_tlt.engine.drafts.base import DraftContext
+from verl_tlt.engine.drafts.eagle import EagleDrafter
 
 # What each target's drafter must look like on disk (see the export module docstring for the vLLM sources).
 LAYOUT = {

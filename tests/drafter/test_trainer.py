@@ -20,7 +20,7 @@ from verl_tlt.drafter.model import EagleDrafterModel
 from verl_tlt.drafter.safe_state import STATE_FILE, TENSORS_FILE
 from verl_tlt.drafter.trainer import DrafterTrainer, drafter_forward
 from verl_tlt.engine import RolloutEngine, SamplingParams
-from verl_tlt.engine.eagle_drafter import EagleDrafter
+from verl_tlt.engine.drafts.eagle import EagleDrafter
 from verl_tlt.files import previous_directory
 
 PROMPTS = [[5, 6, 7], [10, 11], [12, 13, 14, 15], [21], [30, 31, 32], [40, 41], [50], [60, 61, 62]]

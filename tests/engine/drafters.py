@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from verl_tlt.engine.drafter import DraftContext, Drafter
+from verl_tlt.engine.drafts.base import DraftContext, Drafter
 
 
 class HFModelDrafter(Drafter):

@@ -9,17 +9,20 @@ from verl_tlt.config import SpeculativeConfig
 from verl_tlt.drafter.model import EagleDrafterModel
 from verl_tlt.engine import RolloutEngine, SamplingParams
 from verl_tlt.engine.drafter_sync import DrafterSync
+from verl_tlt.policy.adaptive import AdaptivePolicy
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 PROMPTS = [[5, 6, 7], [10, 11], [12]]
 
 
-def test_versions_load_once_and_attach_drafter_and_policy(varied_qwen2):
-    engine = RolloutEngine.from_pretrained(str(varied_qwen2[0]))
-    sync = DrafterSync(engine, SpeculativeConfig(threshold=4, buckets=(1, 2)))
+def test_versions_load_once_and_the_engines_policy_speculates_with_the_drafter(varied_qwen2):
+    policy = AdaptivePolicy(SpeculativeConfig(threshold=4, buckets=(1, 2)))
+    engine = RolloutEngine.from_pretrained(str(varied_qwen2[0]), policy=policy)
+    assert engine.generate(PROMPTS, GREEDY) and engine.stats.steps_sd == 0  # no drafter yet: every step plain
+    sync = DrafterSync(engine)
     state = EagleDrafterModel.from_target(engine.model).state_dict()
     assert sync.update(state, version=1) is True and sync.update(state, version=1) is False
-    assert engine.drafter is not None and engine.policy is not None
+    assert engine.drafter is not None and engine.policy is policy
     plain = RolloutEngine.from_pretrained(str(varied_qwen2[0])).generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in engine.generate(PROMPTS, GREEDY)] == [o.token_ids for o in plain]
     assert engine.stats.steps_sd > 0  # the policy speculated with the loaded drafter

@@ -9,7 +9,7 @@ from tests.engine.conftest import varied_qwen2  # noqa: F401
 from verl_tlt.config import SpeculativeConfig
 from verl_tlt.drafter.model import EagleDrafterModel
 from verl_tlt.engine import RolloutEngine, SamplingParams
-from verl_tlt.engine.eagle_drafter import EagleDrafter
+from verl_tlt.engine.drafts.eagle import EagleDrafter
 from verl_tlt.policy import AdaptivePolicy
 
 pytestmark = pytest.mark.gpu

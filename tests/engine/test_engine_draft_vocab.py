@@ -15,8 +15,8 @@ from tests.spec.sd_harness import chi_square_pvalue
 from verl_tlt.drafter.draft_vocab import DraftVocab
 from verl_tlt.drafter.model import EagleDrafterModel
 from verl_tlt.engine import RolloutEngine, SamplingParams
-from verl_tlt.engine.eagle_drafter import EagleDrafter
-from verl_tlt.engine.sampler import SAMPLING_MODES
+from verl_tlt.engine.config import SAMPLING_MODES
+from verl_tlt.engine.drafts.eagle import EagleDrafter
 from verl_tlt.spec import verify as verify_module
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18, 19, 20], [21], [30, 31, 32]]

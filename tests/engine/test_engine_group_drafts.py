@@ -10,8 +10,8 @@ from tests.engine.test_engine_speculative import GREEDY, PROMPTS, drafters, make
 from tests.spec.sd_harness import chi_square_pvalue
 from verl_tlt.engine import RolloutEngine, SamplingParams
 from verl_tlt.engine import speculative_step as step_module
-from verl_tlt.engine.group_drafts import GroupDrafts
-from verl_tlt.engine.sampler import SAMPLING_MODES
+from verl_tlt.engine.config import SAMPLING_MODES
+from verl_tlt.engine.drafts.group import GroupDrafts
 from verl_tlt.spec import verify as verify_module
 
 GROUP_STRATEGIES = ["suffix:6_1_6", "suffix:4_3_8", "mixed:4_1_4"]

@@ -9,7 +9,7 @@ from tests.engine.drafters import HFModelDrafter, SyncCountingDrafter
 from tests.spec.sd_harness import chi_square_pvalue
 from verl_tlt.engine import RolloutEngine, SamplingParams
 from verl_tlt.engine import speculative_step as step_module
-from verl_tlt.engine.sampler import SAMPLING_MODES
+from verl_tlt.engine.config import SAMPLING_MODES
 from verl_tlt.spec import LogitsParams, SpecStrategy
 from verl_tlt.spec import verify as verify_module
 

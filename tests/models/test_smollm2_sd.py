@@ -16,7 +16,7 @@ from tests.engine.drafters import HFModelDrafter
 from verl_tlt.chat import chat_prompt_ids
 from verl_tlt.drafter.model import EagleDrafterModel
 from verl_tlt.engine import RolloutEngine, SamplingParams
-from verl_tlt.engine.eagle_drafter import EagleDrafter
+from verl_tlt.engine.drafts.eagle import EagleDrafter
 
 pytestmark = pytest.mark.slow
 

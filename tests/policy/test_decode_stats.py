@@ -5,14 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from verl_tlt.policy.decode_stats import (
-    DecodeCosts,
-    DecodeStats,
-    batch_group,
-    ms_per_token_by_batch,
-    source_metrics,
-    strategy_acceptance,
-)
+from verl_tlt.metrics.decode_metrics import strategy_acceptance
+from verl_tlt.policy.decode_stats import DecodeCosts, DecodeStats, batch_group
 from verl_tlt.spec.strategy import SpecStrategy
 
 
@@ -49,35 +43,13 @@ def test_decode_costs_sum_per_group_and_arm_until_taken():
     assert costs.take() == {"1": {"2_1_2": [2, 0.01, 1]}}
 
 
-def test_ms_per_token_pools_strategies_and_sums_records():
-    first = {
-        "4": {"plain": [10, 0.02, 2], "4_1_4": [30, 0.03, 2], "2_1_2": [10, 0.02, 2]},
-        "32": {"plain": [64, 0.032, 2]},
-    }
-    second = {"4": {"plain": [10, 0.04, 2]}, "1": {"6_1_6": [0, 0.1, 1]}}  # a group without tokens is left out
-    assert ms_per_token_by_batch([first, second]) == {
-        "1": {},
-        "4": {"plain": pytest.approx(3.0), "sd": pytest.approx(1.25)},  # 60 ms / 20 plain tokens, 50 ms / 40 SD ones
-        "32": {"plain": pytest.approx(0.5)},
-    }
-    assert ms_per_token_by_batch([]) == {}
-
-
-def test_source_metrics_split_drafts_by_the_source_that_drafted_them():
+def test_decode_stats_count_until_taken_and_start_afresh():
     stats = DecodeStats()
-    stats.record(SpecStrategy.parse("4_1_4"), batch_size=1, tokens=3, seconds=0.1)
-    stats.record(SpecStrategy.parse("suffix:8_1_8"), batch_size=2, tokens=12, seconds=0.1)
-    stats.record(SpecStrategy.parse("mixed:4_1_4"), batch_size=1, tokens=5, seconds=0.1)
-    stats.record_sources({"eagle": 4}, {"eagle": 2})
-    stats.record_sources({"suffix": 12}, {"suffix": 10})
-    stats.record_sources({"suffix": 3, "eagle": 1}, {"suffix": 3, "eagle": 1})  # mixed: 3 suffix levels, 1 eagle
-    metrics = source_metrics([stats.as_dict(), {"steps_plain": 4}])
-    assert metrics["suffix/draft_share"] == pytest.approx(15 / 20)
-    assert metrics["eagle/draft_share"] == pytest.approx(5 / 20)
-    assert metrics["suffix/accept_rate"] == pytest.approx(13 / 15)
-    assert metrics["eagle/accept_rate"] == pytest.approx(3 / 5)
-    assert metrics["suffix/tokens_saved"] == 13
-    # acceptance length per arm source: committed tokens per verified row
-    assert metrics["eagle/acceptance_length"] == 3.0
-    assert metrics["suffix/acceptance_length"] == 6.0
-    assert metrics["mixed/acceptance_length"] == 5.0
+    stats.record(SpecStrategy.parse("4_1_4"), batch_size=2, tokens=9, seconds=0.1)
+    stats.record(None, batch_size=3, tokens=3, seconds=0.2)
+    stats.record_sources({"eagle": 8}, {"eagle": 5})
+    taken = stats.take()
+    assert (taken["steps_sd"], taken["steps_plain"], taken["accepted_by_source"]) == (1, 1, {"eagle": 5})
+    assert stats.take() == DecodeStats().as_dict()  # every counter back at zero, histograms and sources included
+    stats.record(None, batch_size=1, tokens=1, seconds=0.1)
+    assert stats.take()["strategy_histogram"] == {"all": {"plain": 1}}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from verl_tlt.engine.speculative import tree_forward_layout
+from verl_tlt.engine.model_runner import tree_forward_layout
 from verl_tlt.spec.logits import LogitsParams
 from verl_tlt.spec.tree import DraftTree, build_chain, tree_attention_mask
 

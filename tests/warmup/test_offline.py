@@ -7,7 +7,7 @@ import torch
 from verl_tlt.config import DrafterConfig
 from verl_tlt.drafter.load import load_eagle
 from verl_tlt.engine import RolloutEngine, SamplingParams
-from verl_tlt.engine.eagle_drafter import EagleDrafter
+from verl_tlt.engine.drafts.eagle import EagleDrafter
 from verl_tlt.warmup.offline import collect_samples, warmup_drafter
 
 PROMPTS = [[5, 6, 7], [10, 11], [12, 13, 14, 15], [21], [30, 31, 32], [40, 41]]

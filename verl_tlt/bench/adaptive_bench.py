@@ -35,8 +35,9 @@ import torch
 from verl_tlt.bench.subject import BenchSubject
 from verl_tlt.config import SpeculativeConfig
 from verl_tlt.engine import RolloutEngine, SamplingParams
+from verl_tlt.engine.config import EngineConfig
 from verl_tlt.files import write_json
-from verl_tlt.policy import AdaptivePolicy, DecodeStats, FixedBelowThreshold, SpeculationGate
+from verl_tlt.policy import AdaptivePolicy, FixedBelowThreshold, SpeculationGate
 from verl_tlt.progress import Progress
 
 PROBLEM_SEED = 31337
@@ -78,7 +79,7 @@ def timed_run(engine: RolloutEngine, prompts, params, policy) -> tuple[float, li
     engine's plain/SD counters for this run alone (with a policy, also `policy_seconds_above_threshold`: time spent
     in its calls for steps above its threshold)."""
     step_times: dict[int, list[float]] = defaultdict(list)
-    engine.stats = DecodeStats()
+    engine.stats.take()  # this run's counters alone
     original = engine._decode_step
     clock = _PolicyClock(policy) if policy is not None else None
 
@@ -200,12 +201,9 @@ def bench_rollout(
 ):
     """The benchmark's workload: (engine, prompts, params) for `num_requests` fresh prompts of the subject decoded
     greedily up to `max_tokens`, on an engine already warmed up with `warm_up_strategy`."""
+    config = EngineConfig(max_num_seqs=num_requests, cuda_graphs=cuda_graphs)
     engine = RolloutEngine.from_pretrained(
-        str(subject.target),
-        drafter=str(subject.drafter),
-        max_num_seqs=num_requests,
-        device=device,
-        cuda_graphs=cuda_graphs,
+        str(subject.target), config=config, drafter=str(subject.drafter), device=device
     )
     prompts = subject.prompts(num_requests, PROBLEM_SEED)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)

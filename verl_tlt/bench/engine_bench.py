@@ -12,7 +12,7 @@ import logging
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -126,15 +126,15 @@ def bench_one(
     from transformers import AutoModelForCausalLM
 
     from verl_tlt.engine import RolloutEngine, SamplingParams
+    from verl_tlt.engine.config import EngineConfig
 
     path = model_folder(name, workdir)
     torch_dtype = getattr(torch, dtype)
     hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device=device).eval()
     # The cache holds these prompts and answers only, not a real model's whole context (8k positions for SmolLM2).
     max_model_len = prompt_len + new_tokens
-    engine = RolloutEngine.from_pretrained(
-        str(path), max_num_seqs=batch_size, max_model_len=max_model_len, device=device, dtype=torch_dtype
-    )
+    config = EngineConfig(max_num_seqs=batch_size, max_model_len=max_model_len)
+    engine = RolloutEngine.from_pretrained(str(path), config=config, device=device, dtype=torch_dtype)
     generator = torch.Generator().manual_seed(1)
     # Random ids (above the usual special tokens): decode speed does not depend on what the prompt says.
     prompts = torch.randint(3, hf_model.config.vocab_size, (batch_size, prompt_len), generator=generator)
@@ -164,13 +164,9 @@ def bench_one(
     tokens = batch_size * new_tokens
     compiled = {}
     if compile:
+        compiled_config = replace(config, compile=True)
         compiled_engine = RolloutEngine.from_pretrained(
-            str(path),
-            max_num_seqs=batch_size,
-            max_model_len=max_model_len,
-            device=device,
-            dtype=torch_dtype,
-            compile=True,
+            str(path), config=compiled_config, device=device, dtype=torch_dtype
         )
         start = time.perf_counter()
         compiled_outputs = run_engine(compiled_engine)  # the first call compiles

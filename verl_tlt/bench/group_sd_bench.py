@@ -32,7 +32,8 @@ from verl_tlt.bench.host import host_info
 from verl_tlt.bench.sd_bench import PROBLEM_SEED, acceptance_length, timed_generate
 from verl_tlt.bench.subject import BenchSubject
 from verl_tlt.engine import CompletionOutput, RolloutEngine, SamplingParams
-from verl_tlt.engine.group_drafts import GroupDrafts
+from verl_tlt.engine.config import EngineConfig
+from verl_tlt.engine.drafts.group import GroupDrafts
 from verl_tlt.files import write_json
 from verl_tlt.progress import Progress
 from verl_tlt.spec.strategy import EAGLE, MIXED, SOURCES, SpecStrategy
@@ -75,8 +76,8 @@ class GroupBenchConfig:
         strategies, skipped = [], []
         for shape in self.shapes:
             for source in self.drafts:
-                spec = SpecStrategy.parse(shape)
-                if source == MIXED and not spec.is_chain:
+                parsed = SpecStrategy.parse(shape)
+                if source == MIXED and not parsed.is_chain:
                     skipped.append(f"mixed:{shape} skipped: mixed drafts are chains (top_k 1)")
                     continue
                 strategies.append(shape if source == EAGLE else f"{source}:{shape}")
@@ -224,9 +225,9 @@ def measure_round(
 
 def make_row(strategy: str, temperature: float, batch_size: int, tally: _Tally) -> dict:
     plain_rate, sd_rate = tally.plain_tokens / tally.plain_s, tally.sd_tokens / tally.sd_s
-    spec = SpecStrategy.parse(strategy)
+    parsed = SpecStrategy.parse(strategy)
     return {
-        "source": spec.source,
+        "source": parsed.source,
         "strategy": strategy,
         "temperature": temperature,
         "batch_size": batch_size,
@@ -295,8 +296,9 @@ def run(
     sampling: str = "keyed",
 ) -> dict:
     """The comparison on the subject's target and warmed-up drafter; prints rows, optionally writes JSON."""
+    config = EngineConfig(sampling=sampling)
     engine = RolloutEngine.from_pretrained(
-        str(subject.target), drafter=str(subject.drafter), device=device, sampling=sampling
+        str(subject.target), config=config, drafter=str(subject.drafter), device=device
     )
     prompts = subject.prompts(config.num_prompts, PROBLEM_SEED)
     return measure(json_path, engine, prompts, config, **subject.about(), device=device)

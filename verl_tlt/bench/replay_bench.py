@@ -17,7 +17,7 @@ from verl_tlt.bench.subject import bench_subject
 from verl_tlt.config import SpeculativeConfig
 from verl_tlt.engine import RolloutEngine
 from verl_tlt.files import write_json
-from verl_tlt.policy import PLAIN, DecodeStats, FixedBelowThreshold
+from verl_tlt.policy import PLAIN, FixedBelowThreshold
 from verl_tlt.progress import Progress
 
 
@@ -57,7 +57,7 @@ def record_step_costs(engine: RolloutEngine, prompts, params, strategies, thresh
         for _ in range(repeats):
             for policy in policies:
                 last[0] = PLAIN
-                engine.stats = DecodeStats()
+                engine.stats.take()
                 engine.policy = policy
                 outputs = engine.generate(prompts, params)
                 if engine.drafter_error is not None:  # its steps were recorded as plain ones: no recording

@@ -18,6 +18,7 @@ from verl_tlt.bench.drafting_cost import drafting_cost, print_drafting_cost
 from verl_tlt.bench.host import host_info
 from verl_tlt.bench.subject import BenchSubject
 from verl_tlt.engine import CompletionOutput, RolloutEngine, SamplingParams
+from verl_tlt.engine.config import EngineConfig
 from verl_tlt.files import write_json
 from verl_tlt.progress import Progress
 
@@ -90,14 +91,9 @@ def run(
     cuda_graphs: bool = False,
     sampling: str = "keyed",
 ) -> dict:
+    config = EngineConfig(max_num_seqs=max(batch_sizes), compile=compile, cuda_graphs=cuda_graphs, sampling=sampling)
     engine = RolloutEngine.from_pretrained(
-        str(subject.target),
-        drafter=str(subject.drafter),
-        max_num_seqs=max(batch_sizes),
-        device=device,
-        compile=compile,
-        cuda_graphs=cuda_graphs,
-        sampling=sampling,
+        str(subject.target), config=config, drafter=str(subject.drafter), device=device
     )
     prompts = subject.prompts(max(max(batch_sizes) * rounds, acceptance_prompts), PROBLEM_SEED)
     engine.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=8), strategy=strategies[0])  # warm-up

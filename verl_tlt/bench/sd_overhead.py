@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from verl_tlt.bench.engine_bench import synchronizer
 from verl_tlt.engine import RolloutEngine
-from verl_tlt.engine.drafter import DraftContext, Drafter
+from verl_tlt.engine.drafts.base import DraftContext, Drafter
 
 SD_STRATEGIES = ("6_4_16", "4_1_4")
 

@@ -5,11 +5,11 @@ The target is a random-weight Qwen2 of a named shape (`MODELS`), built directly 
 
 Verify cost. For each dtype the engine prefills `context_len` random tokens into max(batch_sizes) cache slots
 (one real prefill `step()`). Then, for each batch size (the first `batch_size` slots), mode and k, a draft tree of
-k nodes plus the root (width k + 1 tokens a row) is verified exactly as `RolloutEngine._decode_speculative` does
-it: `tree_forward_layout` (outside the timing), then `engine.runner.forward` and `engine.model.logits` on every node
-(timed). k = 0 is a plain decode step (the root alone, width 1): the same layout and mask as
-`RolloutEngine._decode`, run as a "decode" forward. The forward writes only scratch positions after each row's
-prefix, so repeating it leaves the cache valid. Chain trees have parents[i] = i - 1; tree mode fills an EAGLE-2
+k nodes plus the root (width k + 1 tokens a row) is verified exactly as the engine's speculative step
+(`engine.speculative_step`) does it: `tree_forward_layout` (outside the timing), then `engine.runner.forward` and
+`engine.model.logits` on every node (timed). k = 0 is a plain decode step (the root alone, width 1): the same layout
+and mask as `RolloutEngine._decode`, run as a "decode" forward. The forward writes only scratch positions after each
+row's prefix, so repeating it leaves the cache valid. Chain trees have parents[i] = i - 1; tree mode fills an EAGLE-2
 like tree breadth first with 4 children per node. Each cell is timed as the best of `repeats` calls after one
 warm-up call of the same shape; on CUDA every call ends with a synchronize, so the clock reads the kernels' time,
 not their launch. cost_vs_k1 = time(k) / time(k=1) for the same (mode, dtype, batch_size); k = 1 is always
@@ -29,7 +29,8 @@ from verl_tlt.bench.host import device_info, host_info
 from verl_tlt.bench.random_target import build_target, model_spec, num_parameters, weight_bytes
 from verl_tlt.bench.sd_overhead import SD_STRATEGIES, EmbeddingDrafter, bench_sd_overhead, print_sd
 from verl_tlt.engine import RolloutEngine, SamplingParams
-from verl_tlt.engine.speculative import tree_forward_layout
+from verl_tlt.engine.config import EngineConfig
+from verl_tlt.engine.model_runner import tree_forward_layout
 from verl_tlt.files import write_json
 from verl_tlt.modeling.model import CausalLM
 from verl_tlt.progress import Progress
@@ -111,7 +112,7 @@ def make_tree(
 
 def make_engine(model: CausalLM, max_num_seqs: int) -> RolloutEngine:
     # No EOS ids: every bench request ignores EOS.
-    return RolloutEngine(model, eos_token_ids=(), max_num_seqs=max_num_seqs)
+    return RolloutEngine(model, EngineConfig(max_num_seqs=max_num_seqs), eos_token_ids=())
 
 
 def prefill(engine: RolloutEngine, batch_size: int, context_len: int, generator: torch.Generator) -> None:

@@ -25,8 +25,8 @@ from verl_tlt.bench.host import host_info
 from verl_tlt.bench.subject import BenchSubject
 from verl_tlt.config import SpeculativeConfig
 from verl_tlt.files import write_json
+from verl_tlt.metrics.decode_metrics import overall_acceptance
 from verl_tlt.policy import SpeculationGate
-from verl_tlt.policy.decode_stats import overall_acceptance
 from verl_tlt.progress import Progress
 
 PROBLEM_SEED = 777  # different from the drafter's warm-up problems

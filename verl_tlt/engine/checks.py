@@ -23,18 +23,18 @@ def check_prompt(prompt_ids: Sequence[int], max_model_len: int, vocab_size: int)
         raise ValueError(f"Prompt token ids {bad[:5]} are outside the model's vocabulary [0, {vocab_size})")
 
 
-def check_strategy(spec: SpecStrategy, *, has_drafter: bool | None, max_draft_tokens: int, vocab_size: int) -> None:
+def check_strategy(strategy: SpecStrategy, *, has_drafter: bool | None, max_draft_tokens: int, vocab_size: int) -> None:
     """has_drafter: whether the engine has a drafter, or None when one may be set later (a policy's strategies)."""
-    if has_drafter is False and spec.uses_drafter:
+    if has_drafter is False and strategy.uses_drafter:
         raise ValueError(
-            f"Speculative strategy {spec.name!r} needs a drafter: pass drafter=... to RolloutEngine(...) or "
+            f"Speculative strategy {strategy.name!r} needs a drafter: pass drafter=... to RolloutEngine(...) or "
             "RolloutEngine.from_pretrained(...), or call engine.set_drafter(...)"
         )
-    if spec.tree_tokens > max_draft_tokens:
+    if strategy.tree_tokens > max_draft_tokens:
         raise ValueError(
-            f"Speculative strategy {spec.name!r} verifies {spec.tree_tokens} draft tokens but the KV cache "
+            f"Speculative strategy {strategy.name!r} verifies {strategy.tree_tokens} draft tokens but the KV cache "
             f"reserves room for max_draft_tokens={max_draft_tokens}; build the engine with "
-            f"max_draft_tokens>={spec.tree_tokens} or use a smaller strategy"
+            f"max_draft_tokens>={strategy.tree_tokens} or use a smaller strategy"
         )
-    if spec.top_k > vocab_size:
-        raise ValueError(f"Speculative strategy {spec.name!r}: top_k exceeds the vocabulary ({vocab_size})")
+    if strategy.top_k > vocab_size:
+        raise ValueError(f"Speculative strategy {strategy.name!r}: top_k exceeds the vocabulary ({vocab_size})")

@@ -1,24 +1,22 @@
 """Loading a drafter's newest weights into a running engine (what each rollout replica does after a weight sync).
 
 Weights are versioned: the same version twice is a no-op, so the trainer can push after every step without
-knowing whether the drafter changed. The first load builds the EAGLE drafter on the engine's target (sharing its
-embedding and LM head, so target weight syncs reach the drafter too) and, if given, the adaptive policy.
+knowing whether the drafter changed. Each load builds the EAGLE drafter on the engine's target (sharing its embedding
+and LM head, so target weight syncs reach the drafter too); the policy that uses it is the engine's own.
 """
 
 from __future__ import annotations
 
 import torch
 
-from verl_tlt.config import SpeculativeConfig
 from verl_tlt.drafter.model import EagleDrafterModel
-from verl_tlt.engine.eagle_drafter import EagleDrafter
+from verl_tlt.engine.drafts.eagle import EagleDrafter
 from verl_tlt.engine.engine import RolloutEngine
-from verl_tlt.policy.adaptive import AdaptivePolicy
 
 
 class DrafterSync:
-    def __init__(self, engine: RolloutEngine, policy_config: SpeculativeConfig | None = None):
-        self.engine, self.policy_config = engine, policy_config
+    def __init__(self, engine: RolloutEngine):
+        self.engine = engine
         self.model: EagleDrafterModel | None = None
         self.version: int | None = None
 
@@ -42,7 +40,5 @@ class DrafterSync:
         self.model = model
         # A fresh runtime drops the drafter's KV state (stale for new weights) and clears a previous failure.
         self.engine.set_drafter(EagleDrafter(model, max_len=self.engine.cache.max_len))
-        if self.engine.policy is None and self.policy_config is not None:
-            self.engine.policy = AdaptivePolicy(self.policy_config)
         self.version = version
         return True

@@ -4,10 +4,11 @@ One `step()` either prefills newly admitted requests (producing their first toke
 request by one decode token, plainly or speculatively. Requests join and leave the running batch between steps.
 The engine is single-threaded by design; `add_request` and `abort` are safe to call from other threads.
 
-It is four rooms (as nano-vllm's): the scheduler (engine.scheduler: waiting and running requests, cache slots), the
-model runner (engine.model_runner: the target's forwards, eager, compiled, CUDA graphs, CPU kernels), the sampler
-(engine.sampler) and the speculative step (engine.speculative_step: draft, verify, commit, draft-source health).
-This file joins them and holds the plain-or-speculative choice of each decode step.
+It is four rooms (as nano-vllm's): the scheduler (engine.scheduler: waiting and running requests, cache slots),
+the model runner (engine.model_runner: the target's forwards, eager, compiled, CUDA graphs, CPU kernels), the
+sampler (engine.sampler) and the speculative step (engine.speculative_step: draft, verify, commit, draft-source
+health), with the draft sources in engine.drafts and every knob in one EngineConfig (engine.config). This file joins
+them and holds the plain-or-speculative choice of each decode step.
 """
 
 from __future__ import annotations
@@ -15,18 +16,20 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Hashable, Iterable, Sequence
+from typing import Any
 
 import torch
 
 from verl_tlt.engine.checks import check_prompt, check_strategy
+from verl_tlt.engine.config import EngineConfig, with_options
 from verl_tlt.engine.cuda_graphs import StepGraphPool
-from verl_tlt.engine.drafter import Drafter
-from verl_tlt.engine.group_drafts import GroupDrafts
+from verl_tlt.engine.drafts.base import Drafter
+from verl_tlt.engine.drafts.group import GroupDrafts
 from verl_tlt.engine.kv_cache import SlotKVCache
 from verl_tlt.engine.model_runner import ModelRunner
 from verl_tlt.engine.request import CompletionOutput, Request
 from verl_tlt.engine.sampler import BatchSampler
-from verl_tlt.engine.sampling_params import LOGPROBS_MODES, SamplingParams
+from verl_tlt.engine.sampling_params import SamplingParams
 from verl_tlt.engine.scheduler import Scheduler
 from verl_tlt.engine.speculative_step import SpeculativeStep
 from verl_tlt.modeling.model import CausalLM
@@ -38,72 +41,49 @@ from verl_tlt.spec.strategy import SpecStrategy
 
 
 class RolloutEngine:
-    """The engine; keyword options besides the obvious ones:
+    """The engine. Its knobs are one `EngineConfig` (engine.config: fields with their help), passed whole or as
+    keywords that override it (`RolloutEngine(model, eos_token_ids=..., max_num_seqs=8)`); besides them:
 
-    cpu_layouts, cpu_kernels: serve CPU products from weight copies in faster kernel layouts (None: auto), each layer
-        running the kernel measured fastest on this host for its shape and row count ("measure"), or by size
-        thresholds ("thresholds"), or one named kernel (see engine.cpu_kernels).
-    compile: run the target's forward steps through torch.compile (see compiled_forward): worth it for small,
-        overhead-bound models; the first step of each kind compiles (seconds to a minute on a small CPU).
-    cuda_graphs: on CUDA, replay decode and verify forwards from CUDA graphs per (width, batch bucket) (see
-        cuda_graphs); ignored, with a warning, on other devices.
-    sampling: how sampled (temperature > 0) rows draw tokens.
-        "keyed" (default): Gumbel-max with noise keyed by (request, token position) (spec.keyed_noise). Plain and
-        speculative decoding then emit the same tokens under the same keys, whatever the batch, strategy or
-        drafter; a request's key comes from its seed, or else from the engine's seed and the order requests
-        arrive in. Drafts are the drafter's own Gumbel-max draws with the same noise (chains; trees are the
-        drafter's top-k), and verification accepts a draft exactly when it is the target's draw.
-        "rejection": standard speculative sampling (drafts sampled from the drafter, recursive rejection sampling
-        against the target): the same distribution, with draws that depend on the steps' strategies.
-    group_drafts: model-free drafts from each request's group (engine.group_drafts), for strategies whose source is
+    drafter: the draft model of EAGLE strategies (engine.drafts), or None; `set_drafter` swaps it between calls.
+    policy: chooses plain or speculative per decode step when generate/step get no explicit strategy (it needs a
+        draft source: until one is attached every step is plain).
+    group_drafts: model-free drafts from each request's group (engine.drafts.group), for strategies whose source is
         suffix or mixed; made with defaults when such a strategy is first asked for. Requests join a group through
         `add_request(..., group=key)` or `generate(..., groups=[...])`.
+
+    With the default keyed sampling, plain and speculative decoding emit the same tokens under the same noise keys,
+    whatever the batch, strategy or drafter; a request's key comes from its seed, or else from the engine's seed and
+    the order requests arrive in. Drafts are the drafter's own Gumbel-max draws with the same noise (chains; trees are
+    the drafter's top-k), and verification accepts a draft exactly when it is the target's draw.
     """
 
     def __init__(
         self,
         model: CausalLM,
+        config: EngineConfig | None = None,
         *,
         eos_token_ids: Sequence[int],
-        max_num_seqs: int = 256,
-        max_model_len: int | None = None,
-        seed: int = 0,
-        logprobs_mode: str = "processed_logprobs",
         drafter: Drafter | None = None,
-        max_draft_tokens: int = 64,
         policy: Policy | None = None,
-        cpu_layouts: bool | None = None,
-        cpu_kernels: str = "measure",
-        compile: bool = False,
-        cuda_graphs: bool = False,
-        sampling: str = "keyed",
         group_drafts: GroupDrafts | None = None,
+        **options: Any,
     ):
-        if logprobs_mode not in LOGPROBS_MODES:
-            raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
-        if max_draft_tokens < 1:
-            raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
-        self.scheduler = Scheduler(max_num_seqs)
-        self.max_model_len = max_model_len or model.spec.max_position_embeddings
-        self.max_draft_tokens = max_draft_tokens
+        self.config = config = with_options(config or EngineConfig(), options)
+        self.scheduler = Scheduler(config.max_num_seqs)
+        self.max_model_len = config.max_model_len or model.spec.max_position_embeddings
+        self.max_draft_tokens = config.max_draft_tokens
         # Draft-tree nodes are verified in scratch positions after a row's prefix, hence the extra room.
-        cache_len = self.max_model_len + max_draft_tokens + 1
-        self.runner = ModelRunner(
-            model,
-            cache_len=cache_len,
-            cpu_layouts=cpu_layouts,
-            cpu_kernels=cpu_kernels,
-            compile=compile,
-            cuda_graphs=cuda_graphs,
-        )
+        self.runner = ModelRunner(model, config, cache_len=self.max_model_len + config.max_draft_tokens + 1)
         self.model, self.device, self.dtype = self.runner.model, self.runner.device, self.runner.dtype
         self.sampler = BatchSampler(
-            sampling=sampling, raw_logprobs=logprobs_mode == "raw_logprobs", seed=seed, device=self.device
+            keyed=config.sampling == "keyed",
+            raw_logprobs=config.logprobs_mode == "raw_logprobs",
+            seed=config.seed,
+            device=self.device,
         )
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.speculation = SpeculativeStep(self.runner, self.sampler, group_drafts)
         self.set_drafter(drafter)
-        # Chooses plain or SD per decode step when generate/step get no explicit strategy (needs a draft source).
         self.policy = policy  # validated by the setter below
         self.stats = DecodeStats()
         self.decode_costs = DecodeCosts()  # by batch-size group and arm, taken by whoever reports them
@@ -112,7 +92,7 @@ class RolloutEngine:
     def from_pretrained(
         cls, path: str, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, **kwargs
     ) -> RolloutEngine:
-        """Build the engine from a local transformers checkpoint directory (kwargs: see __init__).
+        """Build the engine from a local transformers checkpoint directory (kwargs: see __init__ and EngineConfig).
 
         drafter may be a Drafter or the path of an exported EAGLE drafter (`verl-tlt drafter warmup` output), which
         is loaded against this target (shared embedding and LM head).
@@ -123,7 +103,7 @@ class RolloutEngine:
         engine = cls(model, **kwargs)
         if isinstance(drafter, (str, os.PathLike)):
             from verl_tlt.drafter.load import load_eagle
-            from verl_tlt.engine.eagle_drafter import EagleDrafter
+            from verl_tlt.engine.drafts.eagle import EagleDrafter
 
             drafter = EagleDrafter(load_eagle(str(drafter), model), max_len=engine.cache.max_len)
         engine.set_drafter(drafter)
@@ -244,13 +224,13 @@ class RolloutEngine:
         None decodes plainly, or, when an adaptive policy is attached, lets the policy choose. Prefill steps
         ignore it. Any step may switch, for any batch.
         """
-        spec = self._check_strategy(strategy)
+        checked = self._check_strategy(strategy)
         finished = self.scheduler.collect_aborted()
         admitted = self.scheduler.admit()
         if admitted:
             self._prefill(admitted)
         elif self.scheduler.running:
-            self._decode_step(spec)
+            self._decode_step(checked)
         return finished + self.scheduler.retire_finished(self._move_slot, self._on_retire)
 
     def generate(
@@ -268,7 +248,7 @@ class RolloutEngine:
         progress: told the number of finished requests after every step (for long untimed generations; a timed
         call leaves it out).
         """
-        spec = self._check_strategy(strategy)
+        checked = self._check_strategy(strategy)
         params_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if len(params_list) != len(prompts):
             raise ValueError(f"Got {len(prompts)} prompts but {len(params_list)} SamplingParams")
@@ -280,7 +260,7 @@ class RolloutEngine:
         ids = [self._enqueue(p, sp, None, g) for p, sp, g in zip(prompts, params_list, groups, strict=True)]
         done: dict[str, CompletionOutput] = {}
         while len(done) < len(ids):
-            for output in self.step(spec):
+            for output in self.step(checked):
                 done[output.request_id] = output
             if progress is not None:
                 progress.update(len(done))
@@ -351,24 +331,18 @@ class RolloutEngine:
         """One decode step, plain or speculative; the adaptive policy (if any) chooses and learns."""
         if self.runner.wants_graphs and self.runner.graphs is None:
             self.enable_step_graphs()
-        running = self.scheduler.running
-        batch_size = len(running)
+        running, batch_size = self.scheduler.running, self.num_running
         asks_policy = forced is None and self.policy is not None and self.speculation.can_speculate
-        strategy = self.policy.select(batch_size) if asks_policy else forced
-        if strategy is not None and not self.speculation.can_draft(strategy):
-            strategy = None  # its source failed earlier: plain decoding (the policy learns the plain step's rate)
-        before = sum(len(r.output_ids) for r in running)
-        start = time.perf_counter()
-        if strategy is None or not self.speculation.run(strategy, self.scheduler, self.stats):
-            if strategy is not None and not self.speculation.can_draft(strategy):
-                strategy = None  # the source failed in this step: it (and the following ones) decode plainly
-            self._decode()  # else no row had a draft: a plain step, judged as the strategy's
-        seconds = time.perf_counter() - start
-        committed = sum(len(r.output_ids) for r in running) - before
+        chosen = self.policy.select(batch_size) if asks_policy else forced
+        before, start = sum(len(r.output_ids) for r in running), time.perf_counter()
+        outcome = self.speculation.run(chosen, self.scheduler, self.stats)
+        if not outcome.speculated:
+            self._decode()
+        seconds, committed = time.perf_counter() - start, sum(len(r.output_ids) for r in running) - before
         if asks_policy:
-            self.policy.observe(strategy, batch_size, committed, seconds)
-        self.stats.record(strategy, batch_size, committed, seconds, self.policy)
-        self.decode_costs.record(PLAIN if strategy is None else strategy.name, batch_size, committed, seconds)
+            self.policy.observe(outcome.arm, batch_size, committed, seconds)
+        self.stats.record(outcome.arm, batch_size, committed, seconds, self.policy)
+        self.decode_costs.record(PLAIN if outcome.arm is None else outcome.arm.name, batch_size, committed, seconds)
 
     def _move_slot(self, src: int, dst: int, length: int) -> None:
         self.runner.move_slot(src, dst, length)
@@ -382,10 +356,10 @@ class RolloutEngine:
     def _check_strategy(self, strategy: SpecStrategy | str | None, needs_drafter: bool = True) -> SpecStrategy | None:
         if strategy is None:
             return None
-        spec = SpecStrategy.parse(strategy)
-        if spec.uses_group_drafts:
+        parsed = SpecStrategy.parse(strategy)
+        if parsed.uses_group_drafts:
             self.speculation.ensure_group_drafts(self.num_running)
         has_drafter = self.drafter is not None if needs_drafter else None
         vocab_size = self.model.spec.vocab_size
-        check_strategy(spec, has_drafter=has_drafter, max_draft_tokens=self.max_draft_tokens, vocab_size=vocab_size)
-        return spec
+        check_strategy(parsed, has_drafter=has_drafter, max_draft_tokens=self.max_draft_tokens, vocab_size=vocab_size)
+        return parsed

@@ -12,8 +12,8 @@ from verl_tlt.modeling.model import ModelSpec
 
 
 class SlotKVCache:
-    def __init__(self, spec: ModelSpec, *, dtype: torch.dtype, device: torch.device | str, max_len: int):
-        self.spec, self.dtype, self.device, self.max_len = spec, dtype, torch.device(device), max_len
+    def __init__(self, model_spec: ModelSpec, *, dtype: torch.dtype, device: torch.device | str, max_len: int):
+        self.spec, self.dtype, self.device, self.max_len = model_spec, dtype, torch.device(device), max_len
         self.num_slots = 0
         self.capacity_len = 0
         self.k: list[torch.Tensor] = []

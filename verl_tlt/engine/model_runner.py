@@ -12,12 +12,12 @@ import logging
 import torch
 
 from verl_tlt.engine.compiled_forward import CompiledForward
+from verl_tlt.engine.config import EngineConfig
 from verl_tlt.engine.cpu_kernels import setup_cpu_kernels
 from verl_tlt.engine.cuda_graphs import StepGraphPool, graph_batch_buckets
 from verl_tlt.engine.kv_cache import SlotKVCache
-from verl_tlt.engine.speculative import tree_forward_layout
 from verl_tlt.modeling.model import AttentionBatch, CausalLM
-from verl_tlt.spec.tree import DraftTree
+from verl_tlt.spec.tree import DraftTree, tree_attention_mask
 
 logger = logging.getLogger(__name__)
 
@@ -26,19 +26,17 @@ class ModelRunner:
     def __init__(
         self,
         model: CausalLM,
+        config: EngineConfig,
         *,
         cache_len: int,
-        cpu_layouts: bool | None,
-        cpu_kernels: str,
-        compile: bool,
-        cuda_graphs: bool,
     ):
         self.model = model.eval()
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        self.kernel_plan = setup_cpu_kernels(model, cpu_layouts, cpu_kernels)
+        self.kernel_plan = setup_cpu_kernels(model, config.cpu_layouts, config.cpu_kernels)
         # torch.compile'd target forwards, one per kind of step; None runs eagerly.
-        self.compiled = CompiledForward(model) if compile else None
+        self.compiled = CompiledForward(model) if config.compile else None
+        cuda_graphs = config.cuda_graphs
         if cuda_graphs and self.device.type != "cuda":
             logger.warning("RolloutEngine(cuda_graphs=True) on %s: CUDA graphs need CUDA; not using them", self.device)
             cuda_graphs = False
@@ -74,7 +72,7 @@ class ModelRunner:
 
     def verify(self, tree: DraftTree, cache_lens: list[int]) -> torch.Tensor:
         """Every node of every row's draft tree in one forward, written in scratch positions after the row's
-        prefix (speculative.tree_forward_layout); returns hidden states [B, N+1, H]."""
+        prefix (tree_forward_layout); returns hidden states [B, N+1, H]."""
         self.cache.ensure_capacity(len(cache_lens), max(cache_lens) + tree.num_nodes)
         positions, write_pos, mask = tree_forward_layout(tree, torch.tensor(cache_lens, device=self.device))
         return self.forward("verify", tree.tokens, positions, 0, write_pos, mask)
@@ -119,3 +117,23 @@ class ModelRunner:
         if self.graphs is not None:
             self.graphs.reset()  # they point into the cache
         self.cache.release()
+
+
+def tree_forward_layout(tree: DraftTree, cache_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Positions, cache write positions and attention mask for verifying `tree` in one target forward.
+
+    Node i of row b is written at cache position cache_lens[b] + i (scratch beyond the committed prefix) and
+    attends to the committed prefix plus its own ancestors. Returns positions [B, N+1] (cache_lens + depth),
+    write_pos [B, N+1] and mask [B, 1, N+1, L] with L = max(cache_lens) + N + 1.
+    """
+    rows, num_nodes = tree.tokens.shape
+    device = tree.tokens.device
+    kv_len = int(cache_lens.max()) + num_nodes
+    write_pos = cache_lens.unsqueeze(1) + torch.arange(num_nodes, device=device)  # [B, N+1]
+    if tree.is_chain:  # a chain's nodes are its own ancestors in order: the mask is causal
+        mask = torch.arange(kv_len, device=device).view(1, 1, kv_len) <= write_pos.unsqueeze(-1)
+        return write_pos, write_pos, mask.unsqueeze(1)
+    prefix = torch.arange(kv_len, device=device).unsqueeze(0) < cache_lens.unsqueeze(1)  # [B, L]
+    mask = prefix.unsqueeze(1).expand(rows, num_nodes, kv_len).clone()
+    mask.scatter_(2, write_pos.unsqueeze(1).expand(rows, num_nodes, num_nodes), tree_attention_mask(tree.parents))
+    return cache_lens.unsqueeze(1) + tree.depths, write_pos, mask.unsqueeze(1)

@@ -52,7 +52,7 @@ class Request:
     # Keyed sampling: the key of this request's Gumbel noise (spec.keyed_noise.request_key), set when it is queued.
     noise_key: int = 0
     # Group drafts: the caller's group key (requests sharing it are siblings, e.g. one GRPO prompt's samples; None =
-    # its own group), and the request's document in its group's suffix index (engine.group_drafts), once admitted.
+    # its own group), and the request's document in its group's suffix index (engine.drafts.group), once admitted.
     group: Hashable | None = None
     draft_doc: int | None = None
 

@@ -10,21 +10,17 @@ from verl_tlt.engine.sampling_params import SamplingParams
 from verl_tlt.spec.keyed_noise import gumbel_noise, request_key
 from verl_tlt.spec.logits import LogitsParams, first_argmax, token_log_probs
 
-SAMPLING_MODES = ("keyed", "rejection")
-
 
 class BatchSampler:
-    """How the engine draws tokens for a batch of requests (see RolloutEngine's `sampling`).
+    """How the engine draws tokens for a batch of requests (see EngineConfig.sampling).
 
     keyed: sampled rows take argmax(processed logits + Gumbel noise keyed by (request key, token position)), so
     plain and speculative steps emit the same tokens; otherwise each seeded request draws from its own generator
     and the rest from the engine's.
     """
 
-    def __init__(self, *, sampling: str, raw_logprobs: bool, seed: int, device: torch.device):
-        if sampling not in SAMPLING_MODES:
-            raise ValueError(f"sampling must be one of {SAMPLING_MODES}, got {sampling!r}")
-        self.keyed = sampling == "keyed"
+    def __init__(self, *, keyed: bool, raw_logprobs: bool, seed: int, device: torch.device):
+        self.keyed = keyed
         self.raw_logprobs = raw_logprobs
         self.device = device
         self.generator = torch.Generator(device=device).manual_seed(seed)

@@ -6,8 +6,6 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
-
 
 @dataclass(frozen=True)
 class SamplingParams:

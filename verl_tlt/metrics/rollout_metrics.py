@@ -4,9 +4,9 @@ rollout backend served it. Pure: dicts in, a flat dict of floats out."""
 
 from __future__ import annotations
 
+from verl_tlt.metrics.decode_metrics import source_metrics, strategy_acceptance
 from verl_tlt.metrics.long_tail import long_tail_metrics
 from verl_tlt.metrics.rollout_trace import rollout_summary
-from verl_tlt.policy.decode_stats import source_metrics, strategy_acceptance
 
 
 def rollout_metrics(

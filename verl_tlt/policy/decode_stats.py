@@ -1,5 +1,6 @@
-"""Per-engine counters of plain vs speculative decode steps, for metrics (share of steps/tokens with SD, strategy
-mix per batch-size bucket), and the decode cost per token by batch size (`DecodeCosts`)."""
+"""Per-engine counters of plain vs speculative decode steps (share of steps/tokens with SD, strategy mix per
+batch-size bucket) and the decode cost per token by batch size (`DecodeCosts`). Each counts until `take()`, which
+returns what it counted and starts afresh; the metrics over several engines' counters are metrics.decode_metrics."""
 
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ class DecodeStats:
         self.strategy_histogram[label][PLAIN if strategy is None else strategy.name] += 1
 
     def record_sources(self, drafted: dict[str, int], accepted: dict[str, int]) -> None:
-        """One speculative step's draft tokens verified and accepted per source (speculative.draft_sources)."""
+        """One speculative step's draft tokens verified and accepted per source (see
+        engine.speculative_step.draft_sources)."""
         self.drafted_by_source.update(drafted)
         self.accepted_by_source.update(accepted)
 
@@ -79,58 +81,16 @@ class DecodeStats:
         }
 
     def acceptance_by_strategy(self) -> dict[str, float]:
-        """Tokens committed per verified row, per strategy (rows ending inside a draft commit fewer)."""
-        return strategy_acceptance([self.as_dict()])
+        """Tokens committed per verified row, per strategy (rows ending inside a draft commit fewer); over several
+        engines: metrics.decode_metrics.strategy_acceptance."""
+        rows = self.sd_rows_by_strategy
+        return {name: self.sd_tokens_by_strategy[name] / count for name, count in rows.items() if count}
 
-
-def strategy_acceptance(stats: list[dict]) -> dict[str, float]:
-    """Acceptance length per strategy over several engines' `DecodeStats.as_dict()`: committed tokens / rows."""
-    rows: Counter = Counter()
-    tokens: Counter = Counter()
-    for entry in stats:
-        rows.update(entry.get("sd_rows_by_strategy") or {})
-        tokens.update(entry.get("sd_tokens_by_strategy") or {})
-    return {name: tokens[name] / count for name, count in rows.items() if count}
-
-
-def source_metrics(stats: list[dict]) -> dict[str, float]:
-    """Per draft source over several engines' `DecodeStats.as_dict()`, keyed '<source>/<name>':
-
-    draft_share (of all draft tokens verified), accept_rate (its draft tokens accepted), tokens_saved (accepted draft
-    tokens: target forwards saved) for the sources that draft ('eagle', 'suffix'; a mixed step counts each level under
-    the source that drafted it), and acceptance_length per arm source ('eagle', 'suffix', 'mixed': committed tokens per
-    verified row of the strategies with that source)."""
-    from verl_tlt.spec.strategy import SpecStrategy
-
-    drafted: Counter = Counter()
-    accepted: Counter = Counter()
-    for entry in stats:
-        drafted.update(entry.get("drafted_by_source") or {})
-        accepted.update(entry.get("accepted_by_source") or {})
-    total = sum(drafted.values())
-    metrics = {}
-    for source, count in sorted(drafted.items()):
-        metrics[f"{source}/draft_share"] = count / total if total else 0.0
-        metrics[f"{source}/accept_rate"] = accepted[source] / count if count else 0.0
-        metrics[f"{source}/tokens_saved"] = float(accepted[source])
-    rows: Counter = Counter()
-    tokens: Counter = Counter()
-    for entry in stats:
-        for name, count in (entry.get("sd_rows_by_strategy") or {}).items():
-            source = SpecStrategy.parse(name).source
-            rows[source] += count
-            tokens[source] += (entry.get("sd_tokens_by_strategy") or {}).get(name, 0)
-    for source, count in sorted(rows.items()):
-        if count:
-            metrics[f"{source}/acceptance_length"] = tokens[source] / count
-    return metrics
-
-
-def overall_acceptance(stats: dict) -> float:
-    """Acceptance length over every strategy of one `DecodeStats.as_dict()`: committed tokens / verified rows (nan
-    when nothing was verified)."""
-    rows = sum(stats["sd_rows_by_strategy"].values())
-    return sum(stats["sd_tokens_by_strategy"].values()) / rows if rows else float("nan")
+    def take(self) -> dict:
+        """The counters so far (`as_dict()`), and start afresh: the one way every decode counter is read and reset."""
+        taken = self.as_dict()
+        vars(self).update(vars(DecodeStats()))
+        return taken
 
 
 def batch_group(batch_size: int) -> int:
@@ -165,20 +125,3 @@ class DecodeCosts:
         taken = {str(group): {arm: list(entry) for arm, entry in arms.items()} for group, arms in self.costs.items()}
         self.costs = {}
         return taken
-
-
-def ms_per_token_by_batch(records: list[dict]) -> dict[str, dict[str, float]]:
-    """Decode milliseconds per committed token by batch group, plain and speculative (every strategy pooled), summed
-    over `DecodeCosts.take()` results (e.g. every rollout of a run); groups ascending, arms without tokens left out."""
-    totals: dict[int, dict[str, list[float]]] = {}
-    for costs in records:
-        for group, arms in costs.items():
-            for arm, (tokens, seconds, _steps) in arms.items():
-                kind = PLAIN if arm == PLAIN else "sd"
-                entry = totals.setdefault(int(group), {}).setdefault(kind, [0, 0.0])
-                entry[0] += tokens
-                entry[1] += seconds
-    return {
-        str(group): {kind: 1000 * seconds / tokens for kind, (tokens, seconds) in sorted(kinds.items()) if tokens}
-        for group, kinds in sorted(totals.items())
-    }

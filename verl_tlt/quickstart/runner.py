@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_tlt.policy.decode_stats import ms_per_token_by_batch
+from verl_tlt.metrics.decode_metrics import ms_per_token_by_batch
 from verl_tlt.progress import format_duration
 from verl_tlt.quickstart.identity import identity_by_run, responses_by_step, same_responses_steps
 from verl_tlt.quickstart.job_progress import JobProgress

@@ -13,7 +13,7 @@ Keyed sampling (`verify_keyed`, see keyed_noise) needs neither: it is the greedy
 noise of each node's position, and emits exactly what plain decoding with the same noise emits.
 
 The emitted tokens are path[1:]'s tokens plus one final token; token j comes from the distribution at path[j],
-so log-probs for emitted tokens are read at those nodes (see `emitted_log_probs`).
+so log-probs for emitted tokens are read at those nodes (`emitted_positions` gives them).
 """
 
 from __future__ import annotations

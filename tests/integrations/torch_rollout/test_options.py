@@ -7,7 +7,7 @@ import re
 import pytest
 from omegaconf import OmegaConf
 
-from verl_tlt.engine.sampler import SAMPLING_MODES
+from verl_tlt.engine.config import SAMPLING_MODES
 from verl_tlt.integrations.torch_rollout.options import TorchRolloutConfig, torch_rollout_config
 
 KEY = "actor_rollout_ref.rollout.engine_kwargs.torch"

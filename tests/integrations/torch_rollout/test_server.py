@@ -239,3 +239,39 @@ def test_group_drafts_stay_off_with_tlt_off(tiny_qwen2):  # noqa: F811
     server._run_engine = lambda: None
     init_engine_keeping_threads(server)
     assert server.engine.group_drafts is None
+
+
+def test_the_policy_is_built_at_start_from_tlt_speculative_and_the_drafter_comes_later(tiny_qwen2):  # noqa: F811
+    from verl_tlt.policy.adaptive import AdaptivePolicy
+
+    server = bare_server(tiny_qwen2[0])
+    server.config.custom = {"tlt": {"enabled": True, "speculative": {"threshold": 3}}}
+    server._run_engine = lambda: None
+    init_engine_keeping_threads(server)
+    assert isinstance(server.engine.policy, AdaptivePolicy) and server.engine.policy.threshold == 3
+    assert server.engine.drafter is None and server.engine.group_drafts is None
+    server.config.custom = {"tlt": {"enabled": False}}
+    init_engine_keeping_threads(server)
+    assert server.engine.policy is None
+
+
+def test_every_engine_option_reaches_the_engines_config(tiny_qwen2):  # noqa: F811
+    from dataclasses import fields
+
+    from verl_tlt.engine.config import EngineConfig, EngineOptions
+
+    chosen = {
+        "compile": True,
+        "cuda_graphs": True,
+        "sampling": "rejection",
+        "cpu_kernels": "thresholds",
+        "cpu_layouts": False,
+        "max_draft_tokens": 8,
+    }
+    assert set(chosen) == {f.name for f in fields(EngineOptions)}  # a new option: add it here
+    assert all(getattr(EngineConfig(), name) != value for name, value in chosen.items())  # none is the default
+    server = bare_server(tiny_qwen2[0], **chosen)
+    server._run_engine = lambda: None
+    init_engine_keeping_threads(server)
+    assert {name: getattr(server.engine.config, name) for name in chosen} == chosen
+    assert (server.engine.config.max_num_seqs, server.engine.config.max_model_len) == (2, 64)  # verl's

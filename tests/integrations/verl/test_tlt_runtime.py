@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 pytest.importorskip("ray")
 
 from verl_tlt.config import TLTConfig  # noqa: E402
+from verl_tlt.integrations.control.contract import CONTROL_CALLS  # noqa: E402
 from verl_tlt.integrations.verl import tlt_runtime  # noqa: E402
 from verl_tlt.integrations.verl.tlt_runtime import TLTRuntime  # noqa: E402
 
@@ -52,6 +53,10 @@ class FakeServer:
         self.loaded: list[int] = []
         self.fails = fails
         self.update_drafter = Remote(self._update)
+        # The rest of the control contract (integrations/control/contract.py), unused by these tests.
+        for name in CONTROL_CALLS:
+            if name != "update_drafter":
+                setattr(self, name, Remote(lambda *args, **kwargs: None))
 
     def _update(self, weights, version):
         if self.fails:

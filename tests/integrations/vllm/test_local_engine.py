@@ -14,8 +14,8 @@ import pytest
 pytest.importorskip("vllm")
 
 from verl_tlt.config import SpeculativeConfig  # noqa: E402
+from verl_tlt.metrics.decode_metrics import overall_acceptance as acceptance  # noqa: E402
 from verl_tlt.metrics.rollout_metrics import rollout_metrics  # noqa: E402
-from verl_tlt.policy.decode_stats import overall_acceptance as acceptance  # noqa: E402
 from verl_tlt.toy.drafter import ensure_toy_drafter, toy_prompts  # noqa: E402
 from verl_tlt.toy.sft import ensure_toy_target  # noqa: E402
 

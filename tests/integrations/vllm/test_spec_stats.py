@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from verl_tlt.integrations.vllm.spec_stats import SpecStepCounter
+from verl_tlt.metrics.decode_metrics import strategy_acceptance
 from verl_tlt.metrics.rollout_trace import acceptance_length
 from verl_tlt.policy import SpeculationGate
-from verl_tlt.policy.decode_stats import strategy_acceptance
 
 
 def test_steps_with_drafts_are_speculative_and_labelled_by_the_rows_they_verified():

@@ -1,32 +1,29 @@
 """`actor_rollout_ref.rollout.engine_kwargs.torch`: the torch rollout engine's options in a verl run.
 
-verl hands each rollout backend its own `engine_kwargs.<name>` dict; this frozen dataclass is the single source of
-the torch engine's keys and defaults, and `torch_rollout_config` the one place that reads and validates them (the
-rollout server and the TLT runtime both call it). The second table of docs/config_reference.md is generated from
-it by scripts/regen_config_docs.py.
+verl hands each rollout backend its own `engine_kwargs.<name>` dict. `TorchRolloutConfig` is the engine's own
+`EngineOptions` (engine.config: one field per engine option, with its default and help) plus the server's keys;
+`torch_rollout_config` is the one place that reads and validates them, and `engine_config` joins them with what
+verl's rollout config decides (batch size, lengths, seed, log-prob mode) into the `EngineConfig` the server passes
+whole. The second table of docs/config_reference.md is generated from it by scripts/regen_config_docs.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, field, fields
+from typing import Any
 
-from verl_tlt.engine.cpu_kernels import CPU_KERNEL_MODES
-from verl_tlt.engine.sampler import SAMPLING_MODES
+from verl_tlt.engine.config import EngineConfig, EngineOptions
+from verl_tlt.request_seeds import rollout_seed
 from verl_tlt.strict_config import build_config
 
 # Where verl users set these keys (every error message names the full path).
 TORCH_ENGINE_KWARGS_KEY = "actor_rollout_ref.rollout.engine_kwargs.torch"
 
-# The engine's own list of modes, as a type, so that the loader checks the value and the docs list the choices.
-SamplingMode = Literal[SAMPLING_MODES]
-CpuKernelMode = Literal[CPU_KERNEL_MODES]
-
 
 @dataclass(frozen=True)
-class TorchRolloutConfig:
-    """Options of verl-tlt's torch rollout engine (`actor_rollout_ref.rollout.name=torch`)."""
+class TorchServerOptions:
+    """The rollout server's own keys (the engine's are EngineOptions)."""
 
     num_threads: int = field(
         default=1,
@@ -49,61 +46,24 @@ class TorchRolloutConfig:
             "busy time, decode cost per token by batch size and strategy); null = off."
         },
     )
-    compile: bool = field(
-        default=False,
-        metadata={
-            "help": "torch.compile the target's forward steps: faster decoding for small, overhead-bound models, "
-            "but every replica first compiles each kind of step (seconds to a minute on a small CPU)."
-        },
-    )
-    cuda_graphs: bool = field(
-        default=False,
-        metadata={
-            "help": "Replay decode and verify forwards from CUDA graphs (on CUDA; ignored, with a warning, on other "
-            "devices)."
-        },
-    )
-    sampling: SamplingMode = field(
-        default="keyed",
-        metadata={
-            "help": "How sampled rows draw tokens. keyed: Gumbel-max with noise keyed by request and position, so "
-            "plain and speculative decoding emit the same tokens whatever the batch, strategy or drafter. rejection: "
-            "standard speculative sampling, the same distribution with draws that depend on the steps' strategies."
-        },
-    )
 
-    cpu_kernels: CpuKernelMode = field(
-        default="measure",
-        metadata={
-            "help": "How each linear layer picks its CPU kernel. measure: timed on this host for the model's shapes "
-            "at start-up and cached per host (~/.cache/verl-tlt/kernels, or $VERL_TLT_CACHE/kernels), so replicas "
-            "share one measurement; thresholds: size rules measured on one AMD EPYC (fp32 only); a kernel name: "
-            "that kernel everywhere it can run."
-        },
-    )
+
+@dataclass(frozen=True)
+class TorchRolloutConfig(EngineOptions, TorchServerOptions):
+    """Options of verl-tlt's torch rollout engine (`actor_rollout_ref.rollout.name=torch`): the server's keys, then
+    the engine's (dataclasses order the fields of the last base first)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.num_threads < 1:
-            raise ValueError(
-                f"{TORCH_ENGINE_KWARGS_KEY}.num_threads must be >= 1, got {self.num_threads}; e.g. "
-                f"{TORCH_ENGINE_KWARGS_KEY}.num_threads=1"
-            )
+            self._refuse("num_threads", self.num_threads, ">= 1", "1")
         if self.max_num_seqs is not None and self.max_num_seqs < 1:
-            raise ValueError(
-                f"{TORCH_ENGINE_KWARGS_KEY}.max_num_seqs must be >= 1 or null (= actor_rollout_ref.rollout."
-                f"max_num_seqs), got {self.max_num_seqs}"
+            self._refuse(
+                "max_num_seqs", self.max_num_seqs, ">= 1 or null (= actor_rollout_ref.rollout.max_num_seqs)", "8"
             )
-        if self.cpu_kernels not in CPU_KERNEL_MODES:
-            raise ValueError(
-                f"{TORCH_ENGINE_KWARGS_KEY}.cpu_kernels must be one of {list(CPU_KERNEL_MODES)}, got "
-                f"{self.cpu_kernels!r}; e.g. {TORCH_ENGINE_KWARGS_KEY}.cpu_kernels=measure"
-            )
-        if self.sampling not in SAMPLING_MODES:
-            choices = " or ".join(f"{TORCH_ENGINE_KWARGS_KEY}.sampling={mode}" for mode in SAMPLING_MODES)
-            raise ValueError(
-                f"{TORCH_ENGINE_KWARGS_KEY}.sampling must be one of {list(SAMPLING_MODES)}, got {self.sampling!r}; "
-                f"set {choices}"
-            )
+
+    def key(self, name: str) -> str:
+        return f"{TORCH_ENGINE_KWARGS_KEY}.{name}"
 
 
 def torch_rollout_config(rollout_config: Mapping[str, Any]) -> TorchRolloutConfig:
@@ -113,3 +73,16 @@ def torch_rollout_config(rollout_config: Mapping[str, Any]) -> TorchRolloutConfi
     """
     engine_kwargs = rollout_config.get("engine_kwargs") or {}
     return build_config(TorchRolloutConfig, engine_kwargs.get("torch"), TORCH_ENGINE_KWARGS_KEY)
+
+
+def engine_config(rollout_config: Any, options: TorchRolloutConfig, replica_rank: int) -> EngineConfig:
+    """The EngineConfig of replica `replica_rank`: the user's engine options and what verl's rollout config decides."""
+    chosen = {f.name: getattr(options, f.name) for f in fields(EngineOptions)}
+    max_num_seqs = rollout_config.max_num_seqs if options.max_num_seqs is None else options.max_num_seqs
+    return EngineConfig(
+        **chosen,
+        max_num_seqs=int(max_num_seqs),
+        max_model_len=rollout_config.max_model_len or (rollout_config.prompt_length + rollout_config.response_length),
+        seed=rollout_seed(rollout_config) + replica_rank,
+        logprobs_mode=rollout_config.logprobs_mode or "processed_logprobs",
+    )

@@ -17,13 +17,15 @@ from typing import Any
 
 import torch
 
-from verl_tlt.config import rollout_tlt_view
-from verl_tlt.engine import CompletionOutput, RolloutEngine, SamplingParams
-from verl_tlt.integrations.torch_rollout.options import torch_rollout_config
+from verl_tlt.config import TLTConfig, rollout_tlt_view
+from verl_tlt.engine import CompletionOutput, GroupDrafts, RolloutEngine, SamplingParams
+from verl_tlt.integrations.control.bookkeeping import RolloutBookkeeping
+from verl_tlt.integrations.torch_rollout.options import engine_config, torch_rollout_config
 from verl_tlt.metrics.rollout_trace import RolloutTrace, append_jsonl, weights_sha256
 from verl_tlt.modeling.model import UnsupportedModelError
 from verl_tlt.modeling.torch_threads import with_torch_threads
-from verl_tlt.request_seeds import GROUP_KWARG, rollout_seed
+from verl_tlt.policy.adaptive import AdaptivePolicy
+from verl_tlt.request_seeds import GROUP_KWARG
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +48,8 @@ def resolve_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
 
 
-class TorchRolloutServer:
-    """Ray actor (created by TorchReplica) owning one RolloutEngine."""
+class TorchRolloutServer(RolloutBookkeeping):
+    """Ray actor (created by TorchReplica) owning one RolloutEngine; implements control.contract.RolloutControl."""
 
     def __init__(self, config, model_config, replica_rank: int):
         from verl.utils.config import omega_conf_to_dataclass
@@ -77,19 +79,13 @@ class TorchRolloutServer:
         options = torch_rollout_config(self.config)
         self._trace_path = options.trace_path
         torch.set_num_threads(options.num_threads)
-        max_model_len = self.config.max_model_len or (self.config.prompt_length + self.config.response_length)
+        group_drafts, policy = tlt_speculation(rollout_tlt_view(self.config))
         self.engine = _build_engine(
             self.model_config.local_path,
+            config=engine_config(self.config, options, self.replica_rank),
             dtype=resolve_dtype(self.config.dtype),
-            max_num_seqs=int(self.config.max_num_seqs if options.max_num_seqs is None else options.max_num_seqs),
-            max_model_len=max_model_len,
-            seed=rollout_seed(self.config) + self.replica_rank,
-            logprobs_mode=self.config.logprobs_mode or "processed_logprobs",
-            compile=options.compile,
-            cuda_graphs=options.cuda_graphs,
-            sampling=options.sampling,
-            group_drafts=self._group_drafts(),
-            cpu_kernels=options.cpu_kernels,
+            group_drafts=group_drafts,
+            policy=policy,
         )
         self._thread = threading.Thread(
             target=with_torch_threads(self._run_engine, options.num_threads),
@@ -209,12 +205,12 @@ class TorchRolloutServer:
     # ----- TLT: drafter and speculative-decoding stats --------------------------------------------------------
 
     def update_drafter(self, state: dict[str, torch.Tensor], version: int) -> bool:
-        """Load drafter weights `version` (no-op if already loaded); attaches the adaptive policy on first load."""
+        """Load drafter weights `version` (no-op if already loaded)."""
         from verl_tlt.engine.drafter_sync import DrafterSync
 
         with self._engine_lock:
             if self._drafter_sync is None:
-                self._drafter_sync = DrafterSync(self.engine, self._speculative_config())
+                self._drafter_sync = DrafterSync(self.engine)
             return self._drafter_sync.update(state, version)
 
     def target_shared_weights(self) -> dict[str, torch.Tensor]:
@@ -228,43 +224,13 @@ class TorchRolloutServer:
 
     def sd_stats(self, reset: bool = True) -> dict[str, Any]:
         """The engine's plain/SD step counters since the last call (reset=True) or since start."""
-        from verl_tlt.policy.decode_stats import DecodeStats
-
         with self._engine_lock:
-            stats = self.engine.stats.as_dict()
+            stats = self.engine.stats.take() if reset else self.engine.stats.as_dict()
             stats["drafter_error"] = self.engine.drafter_error
-            if reset:
-                self.engine.stats = DecodeStats()
         return stats
 
-    def _group_drafts(self):
-        """GroupDrafts for the engine when TLT is on with tlt.speculative.group_drafts (indexing starts at admission,
-        so it exists from the first request on), else None."""
-        from verl_tlt.engine.group_drafts import GroupDrafts
-
-        config = rollout_tlt_view(self.config)
-        speculative = config.speculative
-        if not (config.enabled and speculative.group_drafts):
-            return None
-        return GroupDrafts(speculative.suffix_min_match, speculative.suffix_history_tokens)
-
-    def _speculative_config(self):
-        return rollout_tlt_view(self.config).speculative
-
-    async def wait_for_drain(self, poll_s: float = 0.01) -> float | None:
-        """Return when this replica has served requests in the current rollout and has none left in flight: the
-        wall-clock time it drained, or None when the rollout ended (sleep) first.
-
-        The TLT coordinator keeps one such call per replica outstanding instead of polling in-flight counts
-        over RPC, which on a busy CPU replica costs the rollout measurable time. Checks run on this actor's
-        event loop every `poll_s` (microseconds each).
-        """
-        rollout = self.trace.num_closed
-        while self.trace.num_closed == rollout:
-            if self.trace.start is not None and not self._futures:
-                return time.time()
-            await asyncio.sleep(poll_s)
-        return None
+    def _num_in_flight(self) -> int:
+        return len(self._futures)
 
     async def wait_for_requests_to_drain(self) -> None:
         while self._futures:
@@ -303,11 +269,9 @@ class TorchRolloutServer:
             extra["decode_costs"] = self.engine.decode_costs.take()
             if self._trace_path and self.trace.start is not None:
                 extra["weights_sha256"] = self._loaded_weights_sha256()
-        record = self.trace.close(extra)
-        if record is not None:
-            self.last_rollout = record
-            if self._trace_path:
-                append_jsonl(self._trace_path, record)
+        record = self._close_rollout_record(extra, validation=False)
+        if record is not None and self._trace_path:
+            append_jsonl(self._trace_path, record)
         self.release_kv_cache()
 
     def _loaded_weights_sha256(self) -> str:
@@ -327,7 +291,7 @@ class TorchRolloutServer:
         with self._engine_lock:
             costs = self.engine.decode_costs.take()
         extra = {"drafter_version": self.drafter_version(), "decode_costs": costs, **self._take_request_counts()}
-        record = self.trace.close(extra, validation=True)
+        record = self._close_rollout_record(extra, validation=True)
         if record is not None and self._trace_path:
             append_jsonl(self._trace_path, record)
         self.sd_stats(reset=True)
@@ -338,11 +302,6 @@ class TorchRolloutServer:
         self._seeded = self._grouped = 0
         self._groups = set()
         return counts
-
-    def pop_last_rollout(self) -> dict[str, Any] | None:
-        """The record of the latest finished rollout (see RolloutTrace), once."""
-        record, self.last_rollout = self.last_rollout, None
-        return record
 
     # Nothing to do on CPU: weights stay resident, the cache regrows on demand, profiling is not wired.
     def wake_up(self, tags: list[str] | None = None) -> None:
@@ -381,3 +340,16 @@ def _fail(future: asyncio.Future, error: Exception) -> None:
 def _resolve(future: asyncio.Future, output: CompletionOutput) -> None:
     if not future.done():
         future.set_result(output)
+
+
+def tlt_speculation(tlt: TLTConfig) -> tuple[GroupDrafts | None, AdaptivePolicy | None]:
+    """What an engine speculates with under `tlt` (tlt.speculative), built once at server start: the group drafts
+    (they index requests from admission on, so they exist from the first request) and the adaptive policy; none with
+    TLT off. The drafter comes later, with its first weights (update_drafter); until then every step is plain."""
+    if not tlt.enabled:
+        return None, None
+    speculative = tlt.speculative
+    group_drafts = None
+    if speculative.group_drafts:
+        group_drafts = GroupDrafts(speculative.suffix_min_match, speculative.suffix_history_tokens)
+    return group_drafts, AdaptivePolicy(speculative)

@@ -30,6 +30,7 @@ from verl_tlt.drafter.capture_record import RecordedStep, save_step
 from verl_tlt.drafter.spot_schedule import SpotSchedule
 from verl_tlt.drafter.worker import FAULT_ENV, DrafterWorker
 from verl_tlt.files import write_json
+from verl_tlt.integrations.control.contract import check_rollout_servers
 from verl_tlt.integrations.torch_rollout.options import torch_rollout_config
 from verl_tlt.integrations.verl.checkpoint_paths import checkpoint_root, resumed_folder, step_folder
 from verl_tlt.integrations.verl.coordinator import SpotCoordinator
@@ -99,11 +100,7 @@ class TLTRuntime:
 
     def setup(self, replicas: list[Any], actor_wg: Any, target_path: str) -> None:
         self.servers = [replica.servers[0] for replica in replicas]
-        # requirements.check_requirements admits the torch rollout and verl's vLLM one (with TLT's server): both
-        # servers load drafters.
-        assert self.servers and all(hasattr(s, "update_drafter") for s in self.servers), (
-            "TLT runtime: rollout servers without update_drafter (neither the torch engine nor TLT's vLLM server)"
-        )
+        check_rollout_servers(self.servers)  # the torch server and TLT's vLLM server implement RolloutControl
         installed = actor_wg.tlt_install_capture()
         if not any(installed):
             raise RuntimeError("TLT could not hook the actor's forward for hidden-state capture (no actor worker)")

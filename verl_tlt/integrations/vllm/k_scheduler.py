@@ -13,7 +13,7 @@ replaces that lookup with one that:
   drafts that step verified (drafted one step earlier).
 
 The policy's config travels to vLLM's engine-core process in ``POLICY_ENV`` (JSON of ``tlt.speculative``), set by
-whoever starts the engine (``engine_setup.k_policy_engine_args``). Runs in the engine core: no Ray, no verl.
+whoever starts the engine (``engine_setup.speculative_engine_args``). Runs in the engine core: no Ray, no verl.
 """
 
 from __future__ import annotations

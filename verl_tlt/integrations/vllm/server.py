@@ -8,8 +8,9 @@ sleep/wake, abort, the HTTP app) is verl's. What it adds:
   stat logging on (``_preprocess_engine_kwargs``).
 - A stat logger in the engine's front end (``run_server`` adds it to ``AsyncLLM.from_vllm_config`` for that
   one call), so the server reads vLLM's per-step spec-decode stats (``sd_stats``).
-- Per-rollout bookkeeping around ``generate``: arrivals, finishes, response lengths, in-flight count
-  (``wait_for_drain``, ``pop_last_rollout``), closed when verl sleeps the replica.
+- Per-rollout bookkeeping around ``generate``: arrivals, finishes, response lengths, in-flight count (the drain
+  wait and the last record are ``control.bookkeeping``'s, shared with the torch server), closed when verl sleeps the
+  replica.
 - ``update_drafter(state, version)``: the drafter's weights become an export in a node-local directory and every
   worker loads them in place (``TLTWorkerExtension.tlt_load_drafter``); a failed load leaves the previous
   drafter running and raises, which the trainer logs.
@@ -18,12 +19,10 @@ sleep/wake, abort, the HTTP app) is verl's. What it adds:
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import logging
 import os
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from verl.workers.rollout.vllm_rollout import vllm_async_server
 from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer
 
 from verl_tlt.config import rollout_tlt_view
+from verl_tlt.integrations.control.bookkeeping import RolloutBookkeeping
 from verl_tlt.integrations.vllm.compat import check_vllm_supports_tlt
 from verl_tlt.integrations.vllm.drafter_files import drafter_root
 from verl_tlt.integrations.vllm.engine_setup import TLT_WORKER_EXTENSION, cpu_engine_env, speculative_engine_args
@@ -44,7 +44,9 @@ logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
 INITIAL_VERSION = -1  # the drafter the engine started with (tlt.drafter.init), before any push
 
 
-class TLTvLLMHttpServer(vLLMHttpServer):
+class TLTvLLMHttpServer(RolloutBookkeeping, vLLMHttpServer):
+    """verl's vLLM server with TLT's drafter, stats and rollout records; implements control.contract.RolloutControl."""
+
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.tlt = rollout_tlt_view(self.config)
@@ -126,15 +128,8 @@ class TLTvLLMHttpServer(vLLMHttpServer):
         self.trace.on_finish(len(output.token_ids), {})
         return output
 
-    async def wait_for_drain(self, poll_s: float = 0.01) -> float | None:
-        """When this replica has served requests in the current rollout and has none left: the wall-clock time it
-        drained; None when the rollout ended (sleep) first. The TLT coordinator keeps one call per replica open."""
-        rollout = self.trace.num_closed
-        while self.trace.num_closed == rollout:
-            if self.trace.start is not None and self._in_flight == 0:
-                return time.time()
-            await asyncio.sleep(poll_s)
-        return None
+    def _num_in_flight(self) -> int:
+        return self._in_flight
 
     async def sleep(self) -> None:
         # The rollout phase is over when verl sleeps the replicas: close this replica's record of it first.
@@ -143,21 +138,14 @@ class TLTvLLMHttpServer(vLLMHttpServer):
 
     def _close_rollout(self, validation: bool) -> None:
         self.trace.sd_totals = self.counter.take_totals()
-        record = self.trace.close({"drafter_version": self._drafter_version}, validation=validation)
-        if record is None:
-            return
-        record.pop("engine_busy_s", None)  # vLLM does not report its step times: no number rather than a 0
-        if not validation:
-            self.last_rollout = record
+        record = self._close_rollout_record({"drafter_version": self._drafter_version}, validation)
+        if record is not None:
+            record.pop("engine_busy_s", None)  # vLLM does not report its step times: no number rather than a 0
 
     def end_validation(self) -> None:
         """verl validates without sleeping the replicas: keep validation out of the next rollout's record and stats."""
         self._close_rollout(validation=True)
         self.counter.take_stats(reset=True)
-
-    def pop_last_rollout(self) -> dict[str, Any] | None:
-        record, self.last_rollout = self.last_rollout, None
-        return record
 
     def sd_stats(self, reset: bool = True) -> dict[str, Any]:
         return self.counter.take_stats(reset)

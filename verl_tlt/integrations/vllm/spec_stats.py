@@ -68,12 +68,11 @@ class SpecStepCounter:
     def take_stats(self, reset: bool = True) -> dict[str, Any]:
         """The torch server's ``sd_stats`` dict (``DecodeStats.as_dict()`` plus ``drafter_error``)."""
         with self._lock:
-            stats = self.stats.as_dict()
+            stats = self.stats.take() if reset else self.stats.as_dict()
             stats["drafter_error"] = None
             stats["accepted_per_position"] = list(self.accepted_per_position)
             stats["max_sd_rows"] = self.max_sd_rows
             if reset:
-                self.stats = DecodeStats()
                 self.accepted_per_position = []
                 self.max_sd_rows = 0
         return stats

@@ -4,7 +4,7 @@ vLLM drafts chains only, so each strategy contributes its depth K. While at most
 requests run the engine speculates; above it, K=0 (vLLM's dynamic SD schedule,
 ``num_speculative_tokens_per_batch_size``, whose K=0 still runs the drafter's first pass, so its KV stays in sync
 and switching SD back on needs no re-prefill). The static schedule uses the deepest chain wherever the gate
-speculates; the adaptive K policy (``k_policy``) refines K per batch-size bucket when vLLM allows it.
+speculates; the adaptive K scheduler (``k_scheduler``) refines K per batch-size bucket when vLLM allows it.
 """
 
 from __future__ import annotations

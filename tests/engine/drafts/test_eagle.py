@@ -7,8 +7,8 @@ import torch
 
 from verl_tlt.drafter.model import EagleDrafterModel
 from verl_tlt.engine import RolloutEngine, SamplingParams
-from verl_tlt.engine.drafter import DraftContext
-from verl_tlt.engine.eagle_drafter import EagleDrafter
+from verl_tlt.engine.drafts.base import DraftContext
+from verl_tlt.engine.drafts.eagle import EagleDrafter
 from verl_tlt.modeling.model import AttentionBatch
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18, 19, 20], [21], [30, 31, 32]]

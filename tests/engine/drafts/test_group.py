@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from verl_tlt.engine.group_drafts import GroupDrafts, PromptHistory
+from verl_tlt.engine.drafts.group import GroupDrafts, PromptHistory
 from verl_tlt.engine.request import Request
 from verl_tlt.engine.sampling_params import SamplingParams
 from verl_tlt.spec.strategy import SpecStrategy

@@ -16,8 +16,8 @@ import dataclasses
 import torch
 
 from verl_tlt.drafter.model import EagleDrafterModel
-from verl_tlt.engine.drafter import DraftContext, Drafter
-from verl_tlt.engine.eagle_inference import EagleInferenceForward
+from verl_tlt.engine.drafts.base import DraftContext, Drafter
+from verl_tlt.engine.drafts.eagle_forward import EagleInferenceForward
 from verl_tlt.engine.kv_cache import SlotKVCache
 
 

@@ -7,7 +7,7 @@ import torch
 
 from tests.engine.conftest import build_tiny_model
 from verl_tlt.drafter.model import EagleDrafterModel
-from verl_tlt.engine.eagle_inference import EagleInferenceForward
+from verl_tlt.engine.drafts.eagle_forward import EagleInferenceForward
 from verl_tlt.modeling.model import AttentionBatch
 from verl_tlt.modeling.weights import load_pretrained
 
