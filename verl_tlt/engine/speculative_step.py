@@ -112,17 +112,13 @@ class SpeculativeStep:
             return StepOutcome(False, None, SOURCE_OFF)
         requests = scheduler.running
         params = self.sampler.params(requests)
-        vocab_size = self.runner.model.spec.vocab_size
-        noise = self.sampler.noise(requests, params, strategy.depth + 1, vocab_size)
-        generator, device = self.sampler.generator, self.runner.device
+        noise = self.sampler.noise(requests, params, strategy.depth + 1, self.runner.model.spec.vocab_size)
+        step = DraftInputs(requests, strategy, params, self.sampler.generator, self.runner.device, noise)
         try:
             if strategy.source == EAGLE:
-                tree = draft_trees(self.drafter, requests, strategy, params, generator, device, noise)
-                group_levels = None
+                tree, group_levels = draft_trees(self.drafter, step), None
             else:
-                tree, group_levels = group_draft_trees(
-                    self.group_drafts, self.drafter, requests, strategy, params, generator, device, noise
-                )
+                tree, group_levels = group_draft_trees(self.group_drafts, self.drafter, step)
         except Exception as error:
             self._disable_source(strategy, error, requests, stats)
             return StepOutcome(False, None, SOURCE_FAILED)
@@ -196,55 +192,54 @@ def _commit(request: Request, tokens: list[int], log_probs: list[float]) -> None
 # ----- draft: trees from the drafter and from the requests' groups -------------------------------------------
 
 
-def draft_trees(
-    drafter: Drafter,
-    requests: list[Request],
-    strategy: SpecStrategy,
-    params: LogitsParams,
-    default_generator: torch.Generator,
-    device: torch.device,
-    noise: torch.Tensor | None = None,
-    forced: torch.Tensor | None = None,
-) -> DraftTree:
+@dataclass(frozen=True)
+class DraftInputs:
+    """What every draft source reads in one step.
+
+    noise: keyed Gumbel noise [B, depth + 1, V] of the rows' next positions (keyed sampling), or None (rejection
+    sampling: rows draw from their generators, or the engine's `generator`)."""
+
+    requests: list[Request]
+    strategy: SpecStrategy
+    params: LogitsParams
+    generator: torch.Generator
+    device: torch.device
+    noise: torch.Tensor | None
+
+
+def draft_trees(drafter: Drafter, step: DraftInputs, forced: torch.Tensor | None = None) -> DraftTree:
     """Sync the drafter with every running row and build one draft tree per row.
 
     forced: [B, depth] tokens that replace the drafter's at chain levels where >= 0 (mixed drafts; see build_chain).
 
-    noise: keyed Gumbel noise [B, depth + 1, V] of the row's next positions (keyed sampling), or None; a chain
-    then drafts position d as argmax(processed draft logits + noise[:, d]), the draw the target makes there if the
-    drafter matches it. Trees are the drafter's top-k either way."""
+    With keyed noise a chain drafts position d as argmax(processed draft logits + noise[:, d]), the draw the target
+    makes there if the drafter matches it. Trees are the drafter's top-k either way."""
+    requests, strategy = step.requests, step.strategy
     contexts = []
     for request in requests:
         hidden = torch.cat(request.pending_hidden) if request.pending_hidden else None
         contexts.append(DraftContext(request.all_token_ids, request.num_drafter_synced, hidden))
         request.num_drafter_synced, request.pending_hidden = request.num_tokens - 1, []
     root_logits = drafter.begin(contexts)
-    root_tokens = torch.tensor([r.last_token_id for r in requests], device=device)
+    root_tokens = torch.tensor([r.last_token_id for r in requests], device=step.device)
     if strategy.is_chain:
         generators = [r.generator for r in requests]
         return build_chain(
             root_tokens,
             root_logits,
             drafter.extend_chain,
-            params,
+            step.params,
             strategy.depth,
             generators,
-            default_generator,
-            noise=noise,
+            step.generator,
+            noise=step.noise,
             forced=forced,
         )
-    return build_eagle2_tree(root_tokens, root_logits, drafter.expand, params, strategy)
+    return build_eagle2_tree(root_tokens, root_logits, drafter.expand, step.params, strategy)
 
 
 def group_draft_trees(
-    group_drafts: GroupDrafts,
-    drafter: Drafter | None,
-    requests: list[Request],
-    strategy: SpecStrategy,
-    params: LogitsParams,
-    default_generator: torch.Generator,
-    device: torch.device,
-    noise: torch.Tensor | None = None,
+    group_drafts: GroupDrafts, drafter: Drafter | None, step: DraftInputs
 ) -> tuple[DraftTree | None, list[int] | None]:
     """Draft trees of a SUFFIX or MIXED strategy, and how many leading levels of each row the group's text drafted.
 
@@ -253,8 +248,9 @@ def group_draft_trees(
     level (rows without a match, and the levels after a short match); the drafter is not run at all when every row's
     match fills the chain. The level counts are None for trees, where every proposed node is a group draft.
     """
+    requests, strategy = step.requests, step.strategy
     proposals = group_drafts.propose(requests, strategy)
-    root_tokens = torch.tensor([r.last_token_id for r in requests], device=device)
+    root_tokens = torch.tensor([r.last_token_id for r in requests], device=step.device)
     if strategy.source == SUFFIX and not strategy.is_chain:
         return tree_from_proposals(root_tokens, proposals), None
     chains = proposal_chain_tokens(proposals, strategy.depth)
@@ -266,8 +262,7 @@ def group_draft_trees(
     forced = torch.full((len(requests), strategy.depth), -1, dtype=torch.long)
     for row, chain in enumerate(chains):
         forced[row, : len(chain)] = torch.tensor(chain, dtype=torch.long)
-    tree = draft_trees(drafter, requests, strategy, params, default_generator, device, noise, forced.to(device))
-    return tree, levels
+    return draft_trees(drafter, step, forced.to(step.device)), levels
 
 
 # ----- commit: where the accepted path's KV entries go, and what each source drafted ---------------------------
