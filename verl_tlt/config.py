@@ -278,6 +278,24 @@ class DrafterConfig:
             "tokens fall outside. 0 = the target's whole vocabulary."
         },
     )
+    self_test_tokens: int = field(
+        default=32,
+        metadata={
+            "help": "After every drafter load and every wake-up, each rollout replica decodes this many tokens of "
+            "fixed probe prompts (the first prompts it served) greedily with the drafter's chain and scores the "
+            "share of draft tokens accepted; a drafter far below the last one that passed is refused (the previous "
+            "drafter kept, or speculation off until the next load) and counted in tlt/drafter/self_test_*. "
+            "0 = off."
+        },
+    )
+    self_test_min_ratio: float = field(
+        default=0.5,
+        metadata={
+            "help": "A drafter whose probe acceptance is below this fraction of the last passing drafter's is "
+            "refused (only once that one accepted at least 10% of its draft tokens: below that the probe cannot "
+            "tell a broken drafter from an untrained one)."
+        },
+    )
     input_noise: float = field(
         default=0.0,
         metadata={
@@ -334,7 +352,12 @@ class DrafterConfig:
         for key in ("buffer_tokens", "capture_tokens", "sync_every", "min_idle_replicas", "train_depth"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{path}.{key} must be >= 1, got {getattr(self, key)}")
-        for key, example in (("teacher_top_k", 64), ("draft_vocab_size", 8192), ("eval_max_pairs", 1024)):
+        for key, example in (
+            ("teacher_top_k", 64),
+            ("draft_vocab_size", 8192),
+            ("eval_max_pairs", 1024),
+            ("self_test_tokens", 32),
+        ):
             if getattr(self, key) < 0:
                 raise ValueError(
                     f"{path}.{key} must be >= 0 (0 = off), got {getattr(self, key)}; e.g. {path}.{key}={example}"
@@ -348,6 +371,11 @@ class DrafterConfig:
             )
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"{path}.lr must be finite and > 0, got {self.lr}; e.g. {path}.lr=3e-4")
+        if not 0 <= self.self_test_min_ratio < 1:
+            raise ValueError(
+                f"{path}.self_test_min_ratio must be in [0, 1), got {self.self_test_min_ratio}; e.g. "
+                f"{path}.self_test_min_ratio=0.5"
+            )
         if not 0 < self.depth_decay <= 1:
             raise ValueError(
                 f"{path}.depth_decay must be in (0, 1], got {self.depth_decay}; e.g. {path}.depth_decay=0.8"

@@ -54,3 +54,21 @@ def test_a_failed_update_leaves_the_running_drafter_untouched(varied_qwen2):
         sync.update(broken, version=2)
     assert sync.version == 1
     assert all(torch.equal(running[k], v) for k, v in engine.drafter.model.state_dict().items())
+
+
+def test_a_corrupted_drafter_is_refused_by_the_self_test_and_the_previous_one_kept(varied_qwen2):
+    from tests.engine.drafters import HFModelDrafter
+    from verl_tlt.engine.drafts.self_test import DrafterSelfTest
+
+    good = HFModelDrafter(varied_qwen2[1])  # the drafter the engine runs (a perfect one)
+    engine = RolloutEngine.from_pretrained(str(varied_qwen2[0]), drafter=good)
+    self_test = DrafterSelfTest(tokens=8, min_ratio=0.5, max_model_len=engine.max_model_len)
+    self_test.remember(PROMPTS[0])
+    assert self_test.check(engine).passed and self_test.reference == 1.0
+    sync = DrafterSync(engine, self_test)
+    corrupted = EagleDrafterModel.from_target(engine.model).state_dict()
+    corrupted["fc.weight"] = torch.full_like(corrupted["fc.weight"], float("nan"))  # a sync gone wrong
+    assert sync.update(corrupted, version=1) is False
+    assert engine.drafter is good and sync.version is None and self_test.take()["refused"] == 1
+    outputs = engine.generate(PROMPTS, GREEDY, strategy="3_1_3")  # the run goes on, with the drafter it had
+    assert all(o.stats["num_accepted_tokens"] == o.stats["num_draft_tokens"] > 0 for o in outputs)

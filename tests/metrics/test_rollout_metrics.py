@@ -98,3 +98,17 @@ def test_rollout_metrics_of_an_empty_rollout_are_zero_sd_shares_only():
     expected = {"tlt/sd/step_share": 0.0, "tlt/sd/token_share": 0.0, "tlt/sd/drafter_failures": 0.0}
     assert rollout_metrics([], []) == expected
     assert rollout_metrics([None, None], [{}, {}]) == expected
+
+
+def test_self_test_counts_become_drafter_metrics():
+    stats = [
+        {"steps_plain": 1, "self_test": {"runs": 1, "refused": 1, "seconds": 0.4, "last_rate": 0.1}},
+        {"steps_plain": 1, "self_test": {"runs": 2, "refused": 0, "seconds": 0.9, "last_rate": 0.5}},
+        {"steps_plain": 1, "self_test": {"runs": 0, "refused": 0, "seconds": 0.0, "last_rate": None}},
+        {"steps_plain": 1},  # a server without a self-test (vLLM today)
+    ]
+    metrics = rollout_metrics([], stats)
+    assert metrics["tlt/drafter/self_test_runs"] == 3.0 and metrics["tlt/drafter/self_test_refused"] == 1.0
+    assert metrics["tlt/drafter/self_test_s"] == 0.9
+    assert metrics["tlt/drafter/self_test_accept_rate"] == pytest.approx(0.3)
+    assert not any(key.startswith("tlt/drafter/self_test") for key in rollout_metrics([], [{"steps_plain": 1}]))

@@ -58,6 +58,23 @@ def rollout_metrics(
         metrics[f"tlt/sd/strategy_acceptance/{metric_name(name)}"] = length
     for name, value in source_metrics(stats).items():
         metrics[f"tlt/sd/source/{name}"] = value
+    metrics.update(self_test_metrics([s["self_test"] for s in stats if s.get("self_test")]))
+    return metrics
+
+
+def self_test_metrics(counts: list[dict]) -> dict[str, float]:
+    """`tlt/drafter/self_test_*` from the replicas' self-test counts (engine.drafts.self_test) since the last step:
+    tests run and drafters refused (sums), the slowest replica's test seconds, the mean probe acceptance."""
+    if not counts:
+        return {}
+    metrics = {
+        "tlt/drafter/self_test_runs": float(sum(c["runs"] for c in counts)),
+        "tlt/drafter/self_test_refused": float(sum(c["refused"] for c in counts)),
+        "tlt/drafter/self_test_s": max(c["seconds"] for c in counts),
+    }
+    rates = [c["last_rate"] for c in counts if c.get("last_rate") is not None]
+    if rates:
+        metrics["tlt/drafter/self_test_accept_rate"] = sum(rates) / len(rates)
     return metrics
 
 

@@ -275,3 +275,62 @@ def test_every_engine_option_reaches_the_engines_config(tiny_qwen2):  # noqa: F8
     init_engine_keeping_threads(server)
     assert {name: getattr(server.engine.config, name) for name in chosen} == chosen
     assert (server.engine.config.max_num_seqs, server.engine.config.max_model_len) == (2, 64)  # verl's
+
+
+def test_a_corrupted_drafter_is_refused_while_the_rollout_goes_on(tiny_qwen2):  # noqa: F811
+    import asyncio
+    import itertools
+
+    from verl_tlt.drafter.model import EagleDrafterModel
+
+    server = bare_server(tiny_qwen2[0])
+    server.config.custom = {"tlt": {"enabled": True, "drafter": {"self_test_tokens": 6}}}
+    server._ids, server._futures, server._work = itertools.count(), {}, threading.Event()
+    server.global_steps, server._drafter_sync = 1, None
+    server._run_engine = lambda: None
+    init_engine_keeping_threads(server)
+    generate = asyncio.new_event_loop()
+
+    def serve(prompt):  # one request, stepped here (no engine thread)
+        async def one():
+            task = asyncio.ensure_future(server.generate(prompt, {"temperature": 0.0, "max_tokens": 3}, "r"))
+            await asyncio.sleep(0)
+            while server.engine.has_unfinished():
+                for output in server.engine.step():
+                    loop, future = server._futures.pop(output.request_id)
+                    future.set_result(output)
+            return await task
+
+        return generate.run_until_complete(one())
+
+    assert len(serve([5, 6, 7]).token_ids) == 3  # the probe prompt is remembered
+    server._self_test.reference = 0.8  # as if the last drafter had passed with 80% of its drafts accepted
+    corrupted = EagleDrafterModel.from_target(server.engine.model).state_dict()
+    corrupted["fc.weight"] = torch.full_like(corrupted["fc.weight"], float("nan"))
+    assert server.update_drafter(corrupted, version=1) is False
+    assert server.engine.drafter is None and server.drafter_version() is None
+    self_test = server.sd_stats()["self_test"]
+    assert (self_test["runs"], self_test["refused"]) == (1, 1)
+    assert "of its probe draft tokens" in self_test["last_reason"]
+    assert len(serve([8, 9]).token_ids) == 3  # the rollout goes on, decoding plainly
+    generate.close()
+
+
+def test_a_drafter_that_fails_its_wake_up_self_test_is_dropped(tiny_qwen2):  # noqa: F811
+    from tests.engine.drafters import HFModelDrafter
+    from verl_tlt.engine.drafter_sync import DrafterSync
+
+    server = bare_server(tiny_qwen2[0])
+    server.config.custom = {"tlt": {"enabled": True, "drafter": {"self_test_tokens": 6}}}
+    server._run_engine = lambda: None
+    init_engine_keeping_threads(server)
+    server._self_test.remember([5, 6, 7])
+    server._self_test.reference = 0.8
+    server._drafter_sync = DrafterSync(server.engine, server._self_test)
+    server.engine.set_drafter(HFModelDrafter(tiny_qwen2[1], sign=-1.0))  # what a bad wake-up would leave
+    server._drafter_sync.version = 3
+    server.wake_up(tags=["weights"])  # before the new weights arrive: no test
+    assert server.engine.drafter is not None and server._self_test.runs == 0
+    server.wake_up(tags=["kv_cache"])
+    assert server.engine.drafter is None and server.drafter_version() is None
+    assert server.sd_stats()["self_test"]["refused"] == 1

@@ -19,6 +19,7 @@ import torch
 
 from verl_tlt.config import TLTConfig, rollout_tlt_view
 from verl_tlt.engine import CompletionOutput, GroupDrafts, RolloutEngine, SamplingParams
+from verl_tlt.engine.drafts.self_test import DrafterSelfTest
 from verl_tlt.integrations.control.bookkeeping import RolloutBookkeeping
 from verl_tlt.integrations.torch_rollout.options import engine_config, torch_rollout_config
 from verl_tlt.metrics.rollout_trace import RolloutTrace, append_jsonl, weights_sha256
@@ -79,7 +80,8 @@ class TorchRolloutServer(RolloutBookkeeping):
         options = torch_rollout_config(self.config)
         self._trace_path = options.trace_path
         torch.set_num_threads(options.num_threads)
-        group_drafts, policy = tlt_speculation(rollout_tlt_view(self.config))
+        tlt = rollout_tlt_view(self.config)
+        group_drafts, policy = tlt_speculation(tlt)
         self.engine = _build_engine(
             self.model_config.local_path,
             config=engine_config(self.config, options, self.replica_rank),
@@ -87,6 +89,13 @@ class TorchRolloutServer(RolloutBookkeeping):
             group_drafts=group_drafts,
             policy=policy,
         )
+        self._self_test = None
+        if tlt.enabled:
+            drafter = tlt.drafter
+            self._self_test = DrafterSelfTest(
+                drafter.self_test_tokens, drafter.self_test_min_ratio, self.engine.max_model_len
+            )
+        self._checked_since_sleep = False  # the drafter passed a self-test after the last sleep (no wake-up test)
         self._thread = threading.Thread(
             target=with_torch_threads(self._run_engine, options.num_threads),
             name=f"torch-rollout-{self.replica_rank}",
@@ -142,6 +151,8 @@ class TorchRolloutServer(RolloutBookkeeping):
         self._futures[internal_id] = (loop, future)
         self._submit_index[internal_id] = self.trace.on_submit()
         # The slot-seeded agent loop names each request's GRPO group (group drafts); other callers send none.
+        if self._self_test is not None:
+            self._self_test.remember(prompt_ids)  # its probes: the first prompts served (a no-op once it has them)
         group = kwargs.get(GROUP_KWARG)
         if group is not None:
             self._grouped += 1
@@ -205,13 +216,18 @@ class TorchRolloutServer(RolloutBookkeeping):
     # ----- TLT: drafter and speculative-decoding stats --------------------------------------------------------
 
     def update_drafter(self, state: dict[str, torch.Tensor], version: int) -> bool:
-        """Load drafter weights `version` (no-op if already loaded)."""
+        """Load drafter weights `version`; False if already loaded or refused by the self-test (the previous drafter
+        kept)."""
         from verl_tlt.engine.drafter_sync import DrafterSync
 
         with self._engine_lock:
             if self._drafter_sync is None:
-                self._drafter_sync = DrafterSync(self.engine)
-            return self._drafter_sync.update(state, version)
+                self._drafter_sync = DrafterSync(self.engine, self._self_test)
+            runs = self._self_test.runs if self._self_test is not None else 0
+            loaded = self._drafter_sync.update(state, version)
+            if self._self_test is not None and self._self_test.runs > runs:
+                self._checked_since_sleep = True
+            return loaded
 
     def target_shared_weights(self) -> dict[str, torch.Tensor]:
         """The target's embedding and LM head (transformers names), which an EAGLE drafter shares, on CPU."""
@@ -227,6 +243,8 @@ class TorchRolloutServer(RolloutBookkeeping):
         with self._engine_lock:
             stats = self.engine.stats.take() if reset else self.engine.stats.as_dict()
             stats["drafter_error"] = self.engine.drafter_error
+            if self._self_test is not None:
+                stats["self_test"] = self._self_test.take() if reset else self._self_test.counts()
         return stats
 
     def _num_in_flight(self) -> int:
@@ -273,6 +291,7 @@ class TorchRolloutServer(RolloutBookkeeping):
         if record is not None and self._trace_path:
             append_jsonl(self._trace_path, record)
         self.release_kv_cache()
+        self._checked_since_sleep = False
 
     def _loaded_weights_sha256(self) -> str:
         # Only for the trace file (a few ms per rollout on the toy target, more on a big one): weights change only
@@ -303,9 +322,32 @@ class TorchRolloutServer(RolloutBookkeeping):
         self._groups = set()
         return counts
 
-    # Nothing to do on CPU: weights stay resident, the cache regrows on demand, profiling is not wired.
     def wake_up(self, tags: list[str] | None = None) -> None:
+        """Weights stay resident on CPU and the cache regrows on demand; what a wake-up does is the drafter's
+        self-test (unless a load tested it since the last sleep): a drafter that fails it is dropped (plain decoding)
+        until the next version arrives. verl wakes weights, loads the new ones, then wakes the KV cache: the test
+        runs at that last wake-up, against the weights the rollout will use."""
+        if tags is not None and "kv_cache" not in tags:
+            return None
+        if self._self_test is None or self._drafter_sync is None or self._checked_since_sleep:
+            return None
+        with self._engine_lock:
+            if self.engine.has_unfinished() or self.engine.drafter is None:
+                return None
+            verdict = self._self_test.check(self.engine)
+            self._checked_since_sleep = True
+            if not verdict.passed:
+                logger.warning(
+                    "torch rollout server %d: drafter version %s failed its wake-up self-test (%s); decoding plainly "
+                    "until the next drafter version",
+                    self.replica_rank,
+                    self._drafter_sync.version,
+                    verdict.reason,
+                )
+                self._drafter_sync.drop()
         return None
+
+    # Nothing to do on CPU: the cache regrows on demand, profiling is not wired.
 
     def resume_kv_cache(self) -> None:
         return None
