@@ -23,7 +23,9 @@ if [ "$QUICK" = "1" ]; then
     -m "not gpu and not vllm and not e2e and not slow" "$@"
   exit $?
 fi
-timeout --kill-after=30 "${VERL_TLT_TEST_TIMEOUT:-2700}" "$VERL_TLT_PYTHON" -m pytest -m "not gpu and not vllm" "$@"
+# --durations: the slowest tests of each full run in every CI log, so the 35-minute budget can be kept by measurement.
+timeout --kill-after=30 "${VERL_TLT_TEST_TIMEOUT:-2700}" "$VERL_TLT_PYTHON" -m pytest -m "not gpu and not vllm" \
+  --durations=25 "$@"
 main=$?
 if [ "${VERL_TLT_SKIP_VLLM:-0}" = "1" ]; then
   echo "[test] vLLM tier skipped (VERL_TLT_SKIP_VLLM=1)"
@@ -31,7 +33,7 @@ if [ "${VERL_TLT_SKIP_VLLM:-0}" = "1" ]; then
 fi
 source "$ROOT/scripts/setup_vllm_env.sh" || exit 1
 set +e
-timeout --kill-after=30 "${VERL_TLT_VLLM_TEST_TIMEOUT:-1800}" "$VERL_TLT_VLLM_PYTHON" -m pytest -m "vllm" "$@"
+timeout --kill-after=30 "${VERL_TLT_VLLM_TEST_TIMEOUT:-1800}" "$VERL_TLT_VLLM_PYTHON" -m pytest -m "vllm" --durations=15 "$@"
 tier=$?
 [ "$tier" -eq 5 ] && tier=0  # pytest's "no tests collected": the arguments named main-tier tests only
 echo "[test] main tier rc=$main, vLLM tier rc=$tier"
