@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from verl_tlt.quickstart import cli
-from verl_tlt.quickstart.recipe import RUNS
+from verl_tlt.quickstart.recipe import RUNS, settings_for
 
 
 def _tree() -> argparse.ArgumentParser:
@@ -21,7 +21,21 @@ def test_register_adds_quickstart_with_every_run_including_the_control_by_defaul
     assert args.func is cli.run
     assert args.runs is None and cli.default_runs(args.rollout) == list(RUNS) and "baseline_repeat" in RUNS
     assert cli.default_runs("vllm") == [name for name in RUNS if name != "tlt_group"]  # group drafts: torch only
-    assert (args.steps, args.replicas, args.out) == (15, 2, "outputs/quickstart")
+    assert (args.model, args.replicas, args.out) == ("toy", 2, "outputs/quickstart")
+    assert args.steps is None and settings_for(args.model).steps == 15  # unset sizes are the model's defaults
+
+
+def test_a_real_model_gets_its_own_sizes_unless_given():
+    toy, real = settings_for("toy"), settings_for("smollm2-135m")
+    assert real.steps < toy.steps and real.batch_size * real.group_size < toy.batch_size * toy.group_size
+    args = _tree().parse_args(["quickstart", "--model", "smollm2-135m", "--steps", "2"])
+    assert (args.model, args.steps, args.batch_size) == ("smollm2-135m", 2, None)
+
+
+def test_an_unknown_model_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--model", "gpt-9", "--out", str(tmp_path)])
+    assert "--model must be toy or one of" in capsys.readouterr().err
 
 
 def test_group_drafts_on_vllm_are_refused(tmp_path, capsys, monkeypatch):

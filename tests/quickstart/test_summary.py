@@ -223,3 +223,16 @@ def test_group_drafts_headline_compares_the_last_three_steps_with_the_drafter_al
     assert group["rollout_time_ratio_group_vs_eagle_all_steps"] == pytest.approx(8 / 10)
     assert group["suffix_draft_share_last3"] == pytest.approx(0.7)
     assert group["acceptance_by_source_last3"] == {"eagle": None, "suffix": 6.0, "mixed": None}
+
+
+def test_rows_carry_the_rollout_share_of_the_step_and_the_shape_of_its_tail():
+    records = [
+        {**_trace_record(0, 0, 100.0, [101.0, 102.0, 110.0], 111.0), "response_tokens": [10, 20, 200]},
+        {**_trace_record(0, 1, 100.0, [101.0, 101.5], 111.0), "response_tokens": [12, 14]},
+    ]
+    (row,) = step_rows([_metrics(1, None)], {0: records}, {}, toy_styles=False)
+    assert row["rollout_s"] == pytest.approx(10.0) and row["rollout_share"] == pytest.approx(10.0 / 10.0)
+    # Five finishes at 1, 1, 1.5, 2, 10 s: 90% (the fifth, nearest rank) at 10 s, so the tail share is 0.
+    assert row["tail_last_10pct_share"] == 0.0
+    assert (row["tail_response_len_p50"], row["tail_response_len_max"]) == (14.0, 200.0)
+    assert "compact_share" not in row  # a real model's responses have no toy style

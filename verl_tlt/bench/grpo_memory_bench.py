@@ -76,7 +76,7 @@ def run(json_path: str | None, job: MemoryJob, out_dir: str | Path) -> dict:
 def _common_overrides(job: MemoryJob, out_dir: Path) -> list[str]:
     import verl_tlt.tasks.reward as reward
     from verl_tlt.models.prepare import ensure_model
-    from verl_tlt.tasks.dataset import write_splits
+    from verl_tlt.tasks.dataset import longest_prompt, write_splits
     from verl_tlt.tasks.registry import DEFAULT_TASKS
 
     target = ensure_model(job.model)
@@ -97,18 +97,6 @@ def _common_overrides(job: MemoryJob, out_dir: Path) -> list[str]:
         experiment="grpo_memory",
     )
     return [*overrides, f"tlt.drafter.init={job.drafter}"]
-
-
-def longest_prompt(model_dir: Path, parquet: Path, step: int) -> int:
-    """The longest chat-rendered prompt in `parquet`, in tokens, rounded up to a multiple of `step`."""
-    import pandas as pd
-    from transformers import AutoTokenizer
-
-    from verl_tlt.chat import chat_prompt_ids
-
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    lengths = [len(chat_prompt_ids(tokenizer, messages)) for messages in pd.read_parquet(parquet)["prompt"]]
-    return step * math.ceil(max(lengths) / step)
 
 
 def _run_one(name: str, overrides: list[str], run_dir: Path, job: MemoryJob) -> dict:

@@ -1,5 +1,5 @@
-"""`verl-tlt quickstart`: the same verl GRPO run on the toy world without TLT, with TLT, with TLT but a frozen
-drafter, and without TLT again (the control), then a comparison.
+"""`verl-tlt quickstart`: the same verl GRPO run on the toy world (or, with --model, a real model on reasoning-gym
+tasks) without TLT, with TLT, with TLT but a frozen drafter, and without TLT again (the control), then a comparison.
 
 `recipes/quickstart_cpu.sh` runs this after setting up the virtualenv.
 - The actor starts from an SFT toy target that writes both solution styles of the task (standard, and 10% of
@@ -20,19 +20,20 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 from verl_tlt.commands import add_command, positive_int, run_alone, usage_error
 from verl_tlt.files import write_json
-from verl_tlt.quickstart.recipe import COMPARED, GROUP_DRAFTS, RUNS, GRPOSettings
+from verl_tlt.quickstart.recipe import COMPARED, GROUP_DRAFTS, RUNS, TOY, GRPOSettings, settings_for
 from verl_tlt.quickstart.report import format_report
 
 logger = logging.getLogger(__name__)
 
 DESCRIPTION = (
-    "verl GRPO on the toy world on CPU without TLT, with TLT, with a frozen drafter and without TLT again (the "
-    "control); compares speed, acceptance and whether every run sampled the baseline's responses"
+    "verl GRPO on CPU (the toy world, or a real model with --model) without TLT, with TLT, with a frozen drafter and "
+    "without TLT again (the control); compares speed, acceptance and whether every run sampled the baseline's "
+    "responses"
 )
 
 
@@ -44,28 +45,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where the toy world, target and drafter are built and reused (default: $VERL_TLT_CACHE, else "
         "~/.cache/verl-tlt)",
     )
-    # The drift (compact share 5% -> ~90%) is complete by about step 8 at lr 5e-4; the steps after it show whether the
-    # online drafter catches up with the drifted policy while the frozen one stays behind.
-    defaults = GRPOSettings()
-    parser.add_argument("--steps", type=positive_int, default=defaults.steps, help="GRPO steps per run")
-    parser.add_argument("--batch-size", type=positive_int, default=defaults.batch_size, help="prompts per step")
     parser.add_argument(
-        "--group-size", type=positive_int, default=defaults.group_size, help="GRPO samples per prompt (rollout.n)"
+        "--model",
+        default=TOY,
+        help="toy (the fast default: the toy world and its target) or a real model of `verl-tlt models list`, trained "
+        "on reasoning-gym tasks (prepared, and its drafter warmed up on its own answers, on first use: tens of "
+        "minutes on 2 cores)",
     )
+    # The toy's drift (compact share 5% -> ~90%) is complete by about step 8 at lr 5e-4; the steps after it show
+    # whether the online drafter catches up with the drifted policy while the frozen one stays behind.
+    toy, real = settings_for(TOY), settings_for("real")
+
+    def sized(flag: str, kind, key: str, what: str) -> None:
+        parser.add_argument(
+            flag,
+            type=kind,
+            default=None,
+            help=f"{what} (default: {getattr(toy, key)} for the toy, {getattr(real, key)} for a real model)",
+        )
+
+    sized("--steps", positive_int, "steps", "GRPO steps per run")
+    sized("--batch-size", positive_int, "batch_size", "prompts per step")
+    sized("--group-size", positive_int, "group_size", "GRPO samples per prompt (rollout.n)")
+    sized("--max-response-length", positive_int, "max_response_length", "data.max_response_length")
+    sized("--lr", float, "lr", "the actor's learning rate")
     parser.add_argument(
-        "--max-response-length",
-        type=positive_int,
-        default=defaults.max_response_length,
-        help="data.max_response_length",
-    )
-    parser.add_argument("--lr", type=float, default=defaults.lr, help="the actor's learning rate")
-    parser.add_argument(
-        "--replicas", type=positive_int, default=defaults.replicas, help="rollout replicas (one CPU core each)"
+        "--replicas", type=positive_int, default=toy.replicas, help="rollout replicas (one CPU core each)"
     )
     parser.add_argument(
         "--rollout",
         choices=["torch", "vllm"],
-        default=defaults.rollout,
+        default=toy.rollout,
         help="the rollout engine: verl-tlt's torch engine, or verl's vLLM rollout on vLLM's CPU build (needs the vLLM "
         "environment: recipes/quickstart_cpu.sh --rollout vllm sets it up and uses it)",
     )
@@ -109,14 +119,21 @@ def run(args: argparse.Namespace) -> int:
     runs = args.runs if args.runs is not None else default_runs(args.rollout)
     if args.rollout == "vllm" and GROUP_DRAFTS in runs:
         usage_error(args, f"--runs {GROUP_DRAFTS}: group drafts run on the torch rollout only; drop it or --rollout")
+    if args.model != TOY:
+        from verl_tlt.models.registry import REAL_MODELS
+
+        if args.model not in REAL_MODELS:
+            usage_error(args, f"--model must be {TOY} or one of {', '.join(REAL_MODELS)}, got {args.model!r}")
+    chosen = {f.name: getattr(args, f.name) for f in fields(GRPOSettings) if getattr(args, f.name) is not None}
     out = Path(args.out)
     summary = run_comparison(
         Path(args.cache) if args.cache else default_cache_root(),
         out,
         runs=runs,
-        settings=GRPOSettings(**{f.name: getattr(args, f.name) for f in fields(GRPOSettings)}),
+        settings=replace(settings_for(args.model), **chosen),
         timeout_s=args.timeout,
         extra=args.override,
+        model=args.model,
     )
     write_json(out / "summary.json", summary)
     print(format_report(summary))

@@ -1,4 +1,5 @@
-"""What the quickstart runs: verl GRPO on the toy world on CPU, and the four runs it compares.
+"""What the quickstart runs: verl GRPO on CPU (on the toy world, or a real model on the reasoning-gym tasks), and
+the runs it compares.
 
 - baseline: TLT off. tlt: TLT on, the drafter trained online. frozen: TLT on, the drafter never trained.
 - baseline_repeat: the baseline's config again, the control. Every run samples the same responses as long as their
@@ -9,7 +10,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from verl_tlt.integrations.verl.same_samples import SAME_SAMPLES_OVERRIDES
@@ -43,9 +44,13 @@ TOY_DRAFTER_OVERRIDES = ["tlt.drafter.max_tokens_per_batch=256", "tlt.drafter.lr
 CPU_STRATEGY_OVERRIDES = ['tlt.speculative.strategies=["4_1_4","2_1_2"]']
 
 
+TOY = "toy"
+
+
 @dataclass(frozen=True)
 class GRPOSettings:
-    """The quickstart's GRPO job: steps, prompts x samples per step, response cap, lr, replicas, rollout engine."""
+    """The quickstart's GRPO job: steps, prompts x samples per step, response cap, lr, replicas, rollout engine.
+    The defaults are the toy's; `settings_for` gives each model's."""
 
     steps: int = 15
     batch_size: int = 16
@@ -54,6 +59,33 @@ class GRPOSettings:
     lr: float = 5e-4
     replicas: int = 2
     rollout: str = "torch"  # or "vllm": verl's vLLM rollout on vLLM's CPU build (+cpu=vllm)
+
+
+# A real model's job, sized so that its five runs fit the quickstart's time on 2 cores (docs/benchmarks.md): fewer,
+# smaller steps than the toy's (a SmolLM2 response token costs about 30x a toy one), at GRPO's usual lr for a small
+# instruct model.
+REAL_MODEL_SETTINGS = GRPOSettings(steps=4, batch_size=4, group_size=4, max_response_length=256, lr=1e-6)
+
+
+def settings_for(model: str) -> GRPOSettings:
+    """The default job for `model` ('toy' or a real model's name)."""
+    return GRPOSettings() if model == TOY else REAL_MODEL_SETTINGS
+
+
+@dataclass(frozen=True)
+class QuickstartInputs:
+    """What a quickstart trains and drafts with: the RL data, the actor's initial weights, its reward, the drafter
+    warmed up on the actor's own answers, and the model's own TLT settings."""
+
+    model: str  # 'toy' or a real model's name
+    train_files: Path
+    val_files: Path
+    actor: Path
+    drafter: Path
+    reward_fn: str  # a file with the reward function (verl's custom_reward_function.path)
+    reward_name: str  # the function's name in it
+    max_prompt_length: int
+    tlt_overrides: tuple[str, ...] = field(default_factory=tuple)
 
 
 def toy_grpo_overrides(
@@ -142,21 +174,33 @@ def grpo_overrides(
     ]
 
 
-def quickstart_overrides(
-    world, target: Path, drafter: Path, settings: GRPOSettings, extra: Sequence[str] = ()
-) -> list[str]:
-    """The overrides every run shares: toy GRPO from the SFT target, the concise reward, the warmed-up drafter, the
-    CPU settings of TLT, then `extra` (last, so they win)."""
-    common = toy_grpo_overrides(world, **asdict(settings), model_dir=target)
+def quickstart_overrides(inputs: QuickstartInputs, settings: GRPOSettings, extra: Sequence[str] = ()) -> list[str]:
+    """The overrides every run shares: GRPO on the inputs' data from the actor, the warmed-up drafter, the CPU
+    settings of TLT, then `extra` (last, so they win)."""
+    common = grpo_overrides(
+        train_files=inputs.train_files,
+        val_files=inputs.val_files,
+        model_dir=inputs.actor,
+        reward_fn=inputs.reward_fn,
+        max_prompt_length=inputs.max_prompt_length,
+        steps=settings.steps,
+        batch_size=settings.batch_size,
+        group_size=settings.group_size,
+        max_response_length=settings.max_response_length,
+        lr=settings.lr,
+        replicas=settings.replicas,
+        rollout=settings.rollout,
+        experiment=f"{inputs.model}_grpo",
+    )
     return [
         *common,
         # Every slot samples alike in all runs and every batch is trained on in slot order, so the runs train to the
         # same weights and differ in how fast they decode, not in what they sample (the weight checksums in the
         # rollout traces, and the control run, check it).
         *SAME_SAMPLES_OVERRIDES,
-        "reward.custom_reward_function.name=compute_score_concise",
-        f"tlt.drafter.init={drafter}",
-        *TOY_DRAFTER_OVERRIDES,
+        f"reward.custom_reward_function.name={inputs.reward_name}",
+        f"tlt.drafter.init={inputs.drafter}",
+        *inputs.tlt_overrides,
         *CPU_STRATEGY_OVERRIDES,
         *extra,
     ]

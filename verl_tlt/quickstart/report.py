@@ -183,6 +183,22 @@ def group_drafts_lines(group: dict[str, Any]) -> list[str]:
 
 def _run_digest(name: str, rows: list[dict]) -> str:
     rollout = sum(r.get("rollout_s") or 0.0 for r in rows)
+    step = sum(r.get("step_s") or 0.0 for r in rows)
+    share = f" ({100 * rollout / step:.0f}% of step time)" if step else ""
     accepted = [r["sd_acceptance_length"] for r in rows if r.get("sd_acceptance_length") is not None]
     last = f", last acceptance length {accepted[-1]:.2f}" if accepted else ""
-    return f"  {name}: {len(rows)} steps, rollout {rollout:.1f} s in all (server-measured){last}"
+    tail = ""
+    if any("tail_response_len_max" in r for r in rows):  # the long tail, pooled over the run's steps by its means
+        mean = {key: _mean_of(rows, f"tail_{key}") for key in ("response_len_p50", "response_len_p90")}
+        longest = max(r.get("tail_response_len_max") or 0 for r in rows)
+        after_90 = _mean_of(rows, "tail_last_10pct_share")
+        tail = (
+            f"; response tokens p50 {mean['response_len_p50']:.0f}, p90 {mean['response_len_p90']:.0f}, max "
+            f"{longest:.0f}; the last 10% of responses took {100 * after_90:.0f}% of the rollout (step means)"
+        )
+    return f"  {name}: {len(rows)} steps, rollout {rollout:.1f} s in all{share} (server-measured){last}{tail}"
+
+
+def _mean_of(rows: list[dict], key: str) -> float:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return sum(values) / len(values) if values else float("nan")

@@ -1,5 +1,6 @@
-"""Running the quickstart: its stages (the toy world, target and drafter, then one verl job per run), each timed,
-the verl jobs with progress lines while they run, and the summary of it all (written as summary.json)."""
+"""Running the quickstart: its stages (the toy world, target and drafter, or a real model, its tasks and drafter; then
+one verl job per run), each timed, the verl jobs with progress lines while they run, and the summary of it all
+(written as summary.json)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,11 @@ from verl_tlt.quickstart.recipe import (
     GROUP_DRAFTS,
     RUNS,
     SETUP_STAGE,
+    TOY,
+    TOY_DRAFTER_OVERRIDES,
     TRACE_FILE,
     GRPOSettings,
+    QuickstartInputs,
     check_same_tokenizer,
     quickstart_overrides,
     run_overrides,
@@ -74,14 +78,7 @@ def setup_seconds(environ: Mapping[str, str] = os.environ) -> float | None:
     return seconds
 
 
-@dataclass(frozen=True)
-class ToyInputs:
-    world: Any  # verl_tlt.toy.build.ToyWorld
-    target: Path
-    drafter: Path
-
-
-def prepare_toy(cache: Path, timer: StageTimer) -> ToyInputs:
+def prepare_toy(cache: Path, timer: StageTimer) -> QuickstartInputs:
     """The toy world, the SFT toy target and its warmed-up drafter: built once into `cache`, reused afterwards."""
     from verl_tlt.toy.build import build_toy_world
     from verl_tlt.toy.drafter import ensure_toy_drafter
@@ -96,7 +93,18 @@ def prepare_toy(cache: Path, timer: StageTimer) -> ToyInputs:
     with timer.stage("drafter"):
         drafter = ensure_toy_drafter(cache, compact_share=DRIFTING_COMPACT_SHARE)
     logger.info("actor: toy target %s; drafter warmed up on it: %s", target, drafter)
-    return ToyInputs(world, target, drafter)
+    return QuickstartInputs(
+        model=TOY,
+        train_files=world.train_parquet,
+        val_files=world.val_parquet,
+        actor=target,
+        drafter=drafter,
+        reward_fn=str(world.reward_fn),
+        # The concise reward moves the policy towards the compact style the drafter rarely saw: it drifts.
+        reward_name="compute_score_concise",
+        max_prompt_length=16,
+        tlt_overrides=tuple(TOY_DRAFTER_OVERRIDES),
+    )
 
 
 @dataclass(frozen=True)
@@ -116,6 +124,7 @@ def run_one(
     steps: int,
     timeout_s: float,
     expected_s: float | None = None,
+    model: str = TOY,
 ) -> RunResult:
     """One run of the comparison as a verl job, reporting its progress, and what its outputs say per step."""
     run_dir = run_dir.resolve()
@@ -133,7 +142,7 @@ def run_one(
     rollouts = {m["step"]: read_rollouts(result.rollout_dump_dir, m["step"]) for m in result.metrics}
     trace = read_trace(run_dir / TRACE_FILE)
     decode = ms_per_token_by_batch([r.get("decode_costs") or {} for records in trace.values() for r in records])
-    rows = step_rows(result.metrics, trace, rollouts)
+    rows = step_rows(result.metrics, trace, rollouts, toy_styles=model == TOY)
     return RunResult(rows, responses_by_step(rollouts), decode, result.wall_s, result.memory)
 
 
@@ -145,6 +154,7 @@ def run_comparison(
     settings: GRPOSettings,
     timeout_s: float,
     extra: Sequence[str] = (),
+    model: str = TOY,
 ) -> dict[str, Any]:
     """All stages of the quickstart; returns its summary (see the keys below)."""
     timer = StageTimer()
@@ -154,17 +164,28 @@ def run_comparison(
     missing = [name for name in RUNS if name not in runs]
     if missing:
         logger.warning("runs %s left out (--runs): the report will lack what needs them", missing)
-    toy = prepare_toy(cache, timer)
-    common = quickstart_overrides(toy.world, toy.target, toy.drafter, settings, extra)
+    if model == TOY:
+        inputs = prepare_toy(cache, timer)
+    else:
+        from verl_tlt.quickstart.real_model import prepare_real_model
+
+        inputs = prepare_real_model(model, cache, out / "data", settings, timer)
+    common = quickstart_overrides(inputs, settings, extra)
     results: dict[str, RunResult] = {}
     for name in runs:
         previous = list(results.values())[-1].wall_s if results else None
         with timer.stage(f"verl run: {name}"):
             results[name] = run_one(
-                name, common, out / name, steps=settings.steps, timeout_s=timeout_s, expected_s=previous
+                name, common, out / name, steps=settings.steps, timeout_s=timeout_s, expected_s=previous, model=model
             )
     return build_summary(
-        results, timer.seconds, replicas=settings.replicas, overrides=common, missing=missing, rollout=settings.rollout
+        results,
+        timer.seconds,
+        replicas=settings.replicas,
+        overrides=common,
+        missing=missing,
+        rollout=settings.rollout,
+        model=model,
     )
 
 
@@ -196,12 +217,15 @@ def build_summary(
     overrides: list[str],
     missing: list[str],
     rollout: str = "torch",
+    model: str = TOY,
 ) -> dict[str, Any]:
     runs = {name: r.rows for name, r in results.items()}
     responses = {name: r.responses for name, r in results.items()}
+    job = "toy GRPO" if model == TOY else f"GRPO of {model} on reasoning-gym tasks"
     return {
-        "job": f"toy GRPO on CPU, {rollout} rollout, {replicas} replicas: baseline vs TLT vs TLT with a frozen "
+        "job": f"{job} on CPU, {rollout} rollout, {replicas} replicas: baseline vs TLT vs TLT with a frozen "
         f"drafter, and the baseline repeated ({CONTROL}) as a control",
+        "model": model,
         "missing_runs": missing,
         **(headline(runs) if all(name in runs for name in COMPARED) else {}),
         **({"group_drafts": group_drafts_summary(runs)} if GROUP_DRAFTS in runs and "tlt" in runs else {}),

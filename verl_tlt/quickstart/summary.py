@@ -15,6 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from verl_tlt.metrics.long_tail import long_tail_metrics
 from verl_tlt.metrics.rollout_trace import rollout_summary, rollout_weights_sha256
 from verl_tlt.toy.task import COMPACT, response_style
 
@@ -37,8 +38,11 @@ def read_trace(path: Path) -> dict[int, list[dict]]:
     return dict(by_rollout)
 
 
-def step_rows(metrics: list[dict], trace: dict[int, list[dict]], rollouts: dict[int, list[dict]]) -> list[dict]:
-    """One row per training step. rollouts: step -> verl's dumped samples of that step (input, output, score)."""
+def step_rows(
+    metrics: list[dict], trace: dict[int, list[dict]], rollouts: dict[int, list[dict]], toy_styles: bool = True
+) -> list[dict]:
+    """One row per training step. rollouts: step -> verl's dumped samples of that step (input, output, score).
+    toy_styles: the responses are the toy's, whose compact share is reported (the drift the toy reward drives)."""
     rows = []
     for index, m in enumerate(metrics):
         step = m["step"]
@@ -52,6 +56,9 @@ def step_rows(metrics: list[dict], trace: dict[int, list[dict]], rollouts: dict[
         if summary:
             row["rollout_s"] = summary["last_finish"] - summary["start"]
             row["tail_extension_s"] = summary["closed"] - summary["last_finish"]
+            if row["step_s"]:
+                row["rollout_share"] = row["rollout_s"] / row["step_s"]  # of the step: what TLT can shorten
+            row.update(tail_shape(records, summary["start"]))
             if "engine_busy_s" in summary:  # summed over replicas; when the last request reached a replica
                 row["engine_busy_s"] = summary["engine_busy_s"]
                 row["last_submit_s"] = summary["last_submit"] - summary["start"]
@@ -61,7 +68,10 @@ def step_rows(metrics: list[dict], trace: dict[int, list[dict]], rollouts: dict[
             row["weights_replicas_differ"] = True
         row["reward_mean"] = m.get("critic/score/mean")
         row["response_len_mean"] = m.get("response_length/mean")
-        row["compact_share"] = sum(response_style(o) == COMPACT for o in outputs) / len(outputs) if outputs else None
+        if toy_styles:
+            row["compact_share"] = (
+                sum(response_style(o) == COMPACT for o in outputs) / len(outputs) if outputs else None
+            )
         for key in (
             "tlt/sd/acceptance_length",
             "tlt/sd/step_share",
@@ -100,6 +110,20 @@ def step_rows(metrics: list[dict], trace: dict[int, list[dict]], rollouts: dict[
             row["sd_source"] = by_source
         rows.append(row)
     return rows
+
+
+def tail_shape(records: list[dict], start: float) -> dict[str, float]:
+    """The rollout's long tail from the replicas' records: the share of the rollout after 90% of responses finished,
+    and response-length percentiles (metrics.long_tail)."""
+    if not all("response_tokens" in r for r in records):  # records written before they carried lengths
+        return {}
+    finishes = [t - start for r in records for t in r["finish_times"]]
+    lengths = [n for r in records for n in r["response_tokens"]]
+    if not finishes or len(finishes) != len(lengths):
+        return {}
+    tail = long_tail_metrics(finishes, lengths)
+    keys = ("last_10pct_share", "response_len_p50", "response_len_p90", "response_len_max")
+    return {f"tail_{key}": tail[f"tlt/tail/{key}"] for key in keys}
 
 
 def _last_mean(rows: list[dict], key: str, sub_key: str | None = None) -> float | None:

@@ -55,3 +55,17 @@ def write_splits(out_dir: str | Path, tasks: Sequence[str], train: int, val: int
         paths[split] = out_dir / f"{split}.parquet"
         pd.DataFrame(rows).to_parquet(paths[split], index=False)
     return paths
+
+
+def longest_prompt(model_dir: str | Path, parquet: str | Path, step: int) -> int:
+    """The longest chat-rendered prompt in `parquet` (data.max_prompt_length for it), in tokens of the model at
+    `model_dir`, rounded up to a multiple of `step` so that a job's padding does not hinge on one long question."""
+    import math
+
+    from transformers import AutoTokenizer
+
+    from verl_tlt.chat import chat_prompt_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    lengths = [len(chat_prompt_ids(tokenizer, messages)) for messages in pd.read_parquet(parquet)["prompt"]]
+    return step * math.ceil(max(lengths) / step)
