@@ -82,18 +82,34 @@ def teacher_labels(
     """
     if top_k < 1:
         raise ValueError(f"teacher_labels needs top_k >= 1, got {top_k}")
-    k = min(top_k, head_weight.shape[0])
     parts = []
     for start in range(0, hidden_states.shape[0], chunk_tokens):
         hidden = hidden_states[start : start + chunk_tokens].to(device=head_weight.device, dtype=head_weight.dtype)
-        log_probs = torch.nn.functional.linear(hidden, head_weight).float().log_softmax(-1)  # [c, V]
+        parts.append(labels_from_logits(torch.nn.functional.linear(hidden, head_weight), top_k))
+    if not parts:
+        return empty_labels(min(top_k, head_weight.shape[0]))
+    return TeacherLabels.cat(parts)
+
+
+@torch.no_grad()
+def labels_from_logits(logits: torch.Tensor, top_k: int, *, chunk_tokens: int = LABEL_CHUNK_TOKENS) -> TeacherLabels:
+    """The sparse labels of the target's own logits [T, V] (e.g. those its forward already computed), on CPU; fp32
+    softmax in chunks of `chunk_tokens` positions. `logits` is not modified."""
+    if top_k < 1:
+        raise ValueError(f"labels_from_logits needs top_k >= 1, got {top_k}")
+    k = min(top_k, logits.shape[-1])
+    parts = []
+    for start in range(0, logits.shape[0], chunk_tokens):
+        log_probs = logits[start : start + chunk_tokens].float().log_softmax(-1)  # [c, V], a new tensor
         top_log_probs, top_ids = log_probs.topk(k, dim=-1)
         # The rest's mass from the logits outside the top-k, not 1 - sum(top): exact even when the top-k hold
         # nearly all of it (1 - 0.9999999 in fp32 is mostly rounding).
         log_probs.scatter_(-1, top_ids, float("-inf"))
         rest = log_probs.logsumexp(-1).exp() if k < log_probs.shape[-1] else torch.zeros(log_probs.shape[0])
         parts.append(TeacherLabels(top_ids.cpu(), top_log_probs.cpu(), rest.to("cpu", torch.float32)))
-    if not parts:
-        empty = torch.zeros(0, k)
-        return TeacherLabels(empty.long(), empty, torch.zeros(0))
-    return TeacherLabels.cat(parts)
+    return TeacherLabels.cat(parts) if parts else empty_labels(k)
+
+
+def empty_labels(top_k: int) -> TeacherLabels:
+    empty = torch.zeros(0, top_k)
+    return TeacherLabels(empty.long(), empty, torch.zeros(0))

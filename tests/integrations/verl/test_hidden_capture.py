@@ -334,3 +334,53 @@ def test_find_final_norm_explains_an_unsupported_module():
         find_final_norm(torch.nn.Linear(4, 4))
     with pytest.raises(ValueError, match="Cannot find the final norm"):
         HiddenStateCapture(FakeEngine(torch.nn.Sequential(torch.nn.Linear(4, 4))))
+
+
+# ----- teacher labels from the forward's own logits -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["packed", "packed_pad", "padded"])
+def test_armed_with_a_top_k_the_samples_carry_the_labels_of_the_models_own_logits(model, layout):
+    from verl_tlt.drafter.teacher import teacher_labels
+
+    _, capture, infer_batch = install(model, layout, micro_batch_size=2)
+    capture.arm(step=3, token_budget=BUDGET, teacher_top_k=8)
+    infer_batch(make_batch())
+    samples, _ = capture.pop()
+    assert len(samples) == 3
+    for sample in samples:
+        want = teacher_labels(sample.hidden_states, model.lm_head.weight, 8)  # what a drafter worker would compute
+        assert sample.teacher is not None and sample.teacher.top_k == 8
+        assert torch.equal(sample.teacher.token_ids, want.token_ids)
+        assert torch.allclose(sample.teacher.log_probs, want.log_probs, atol=1e-5)
+        assert torch.allclose(sample.teacher.rest_mass, want.rest_mass, atol=1e-5)
+    assert len(model.lm_head._forward_hooks) == 0
+
+
+def test_labels_are_taken_before_the_trainer_scales_the_logits_in_place(model):
+    """verl divides the logits by the temperature in place after the forward: the labels must be the raw ones."""
+    from verl_tlt.drafter.teacher import teacher_labels
+
+    engine = FakeEngine(model, "packed")
+    forward_step = engine.forward_step
+
+    def scaling_forward_step(micro_batch, **kwargs):
+        out = forward_step(micro_batch, **kwargs)
+        out["logits"].div_(0.1)
+        return out
+
+    engine.forward_step = scaling_forward_step
+    capture = HiddenStateCapture(engine)
+    infer_batch = capture.wrap(infer_batch_for(engine, 2))
+    capture.arm(step=0, token_budget=BUDGET, teacher_top_k=4)
+    infer_batch(make_batch())
+    for sample in capture.pop()[0]:
+        want = teacher_labels(sample.hidden_states, model.lm_head.weight, 4)
+        assert torch.allclose(sample.teacher.log_probs, want.log_probs, atol=1e-5)
+
+
+def test_without_a_top_k_the_workers_label(model):
+    _, capture, infer_batch = install(model, "packed", micro_batch_size=2)
+    capture.arm(step=0, token_budget=BUDGET)
+    infer_batch(make_batch())
+    assert all(sample.teacher is None for sample in capture.pop()[0])

@@ -33,10 +33,10 @@ class TLTActorRolloutRefWorker(ActorRolloutRefWorker):
         return True
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def tlt_arm_capture(self, step: int, token_budget: int) -> None:
+    def tlt_arm_capture(self, step: int, token_budget: int, teacher_top_k: int = 0) -> None:
         capture = getattr(self, "_tlt_capture", None)
         if capture is not None:
-            capture.arm(step, token_budget)
+            capture.arm(step, token_budget, teacher_top_k)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def tlt_pop_captured(self) -> tuple[list[Any], dict[str, float]]:

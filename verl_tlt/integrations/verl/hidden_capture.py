@@ -5,8 +5,11 @@ produces the target's last-layer hidden states, the EAGLE drafter's training inp
 one training engine: when armed for a step, the next batch that goes through `infer_batch` (or, when verl skips
 that pass, `train_mini_batch`) is planned (which sequences to keep: the longest responses within the token
 budget) and, for each micro-batch, a forward hook on the model's final norm picks the kept sequences' hidden
-states and copies them to CPU as `DrafterSample`s. Nothing else changes: the forward's inputs and outputs, and
-so the log-probs, are untouched.
+states and copies them to CPU as `DrafterSample`s. When armed with a teacher top-k, a hook on the LM head also turns
+the logits the forward computes anyway into the samples' sparse teacher labels (`drafter.teacher`), once, here,
+instead of every drafter worker running the target's head over them again (where fused kernels skip the head
+module, the workers still label). Nothing else changes: the forward's inputs and outputs, and so the log-probs, are
+untouched.
 
 Layouts: verl's FSDP engine runs packed sequences ([1, N] with remove-padding) or padded rows ([B, L]); both
 are handled. With Ulysses sequence parallelism each rank sees only a slice of the sequence, so capture is off.
@@ -23,6 +26,7 @@ import torch
 
 from verl_tlt.drafter.capture import choose_rows_for_capture, samples_from_packed, truncated
 from verl_tlt.drafter.data import DrafterSample
+from verl_tlt.drafter.teacher import TeacherLabels, labels_from_logits
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +48,14 @@ def find_final_norm(module: torch.nn.Module) -> torch.nn.Module:
     )
 
 
+def find_lm_head(module: torch.nn.Module) -> torch.nn.Module | None:
+    """The LM head of a transformers causal LM (tied or not), or None."""
+    inner = getattr(module, "_fsdp_wrapped_module", module)
+    get_head = getattr(inner, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else getattr(inner, "lm_head", None)
+    return head if isinstance(head, torch.nn.Module) else None
+
+
 def _sequence_key(tokens: torch.Tensor) -> int:
     return hash(tuple(tokens.tolist()))
 
@@ -52,20 +64,24 @@ class HiddenStateCapture:
     def __init__(self, engine: Any, dp_size: int = 1):
         self.engine, self.dp_size = engine, max(1, dp_size)
         self.norm = find_final_norm(engine.module)
+        self.head = find_lm_head(engine.module)
         self.enabled = not getattr(engine, "use_ulysses_sp", False)
         if not self.enabled:
             logger.warning("TLT hidden-state capture is off: Ulysses sequence parallelism splits sequences")
         self._forward_step = engine.forward_step
         engine.forward_step = self._capturing_forward_step
         self._armed: tuple[int, int] | None = None  # (RL step, token budget of this rank)
+        self._teacher_top_k = 0  # label at the LM head with this top-k (0: the workers label)
         self._wanted: dict[int, list[int]] = {}  # sequence key -> tokens to keep of each copy still to capture
         self.samples: list[DrafterSample] = []
         self.seconds = 0.0
 
-    def arm(self, step: int, token_budget: int) -> None:
-        """Capture from the next planned batch (this rank's share of `token_budget` tokens)."""
+    def arm(self, step: int, token_budget: int, teacher_top_k: int = 0) -> None:
+        """Capture from the next planned batch (this rank's share of `token_budget` tokens); teacher_top_k > 0 also
+        labels the captured positions from the forward's own logits."""
         if self.enabled:
             self._armed = (step, max(1, token_budget // self.dp_size))
+            self._teacher_top_k = teacher_top_k
             self._wanted = {}
 
     def wrap(self, method: Callable) -> Callable:
@@ -112,47 +128,93 @@ class HiddenStateCapture:
     def _capturing_forward_step(self, micro_batch, *args, **kwargs):
         if self._armed is None or not self._wanted:
             return self._forward_step(micro_batch, *args, **kwargs)
-        captured: dict[str, torch.Tensor] = {}
+        chosen = self._chosen_rows(micro_batch)
+        if not chosen:  # nothing of this micro-batch was chosen: copy nothing
+            return self._forward_step(micro_batch, *args, **kwargs)
+        captured: dict[str, Any] = {}
 
-        def hook(module, inputs, output):
+        def hidden_hook(module, inputs, output):
             captured["hidden"] = (output[0] if isinstance(output, tuple) else output).detach()
 
-        handle = self.norm.register_forward_hook(hook)
+        def logits_hook(module, inputs, output):
+            # Labelled right away: verl may scale the logits in place (temperature) once the forward returns.
+            begin = time.perf_counter()
+            try:
+                captured["labels"] = self._labels(micro_batch, chosen, output.detach())
+            except Exception:  # capture must never break the RL step; the workers label instead
+                logger.exception("TLT capture could not label a micro-batch at the LM head; the workers will")
+            self.seconds += time.perf_counter() - begin
+
+        handles = [self.norm.register_forward_hook(hidden_hook)]
+        if self._teacher_top_k > 0 and self.head is not None:
+            handles.append(self.head.register_forward_hook(logits_hook))
         try:
             result = self._forward_step(micro_batch, *args, **kwargs)
         finally:
-            handle.remove()
+            for handle in handles:
+                handle.remove()
         begin = time.perf_counter()
         try:
-            self._take(micro_batch, captured.get("hidden"))
+            self._take(micro_batch, chosen, captured.get("hidden"), captured.get("labels"))
         except Exception:  # capture must never break the RL step
             logger.exception("TLT hidden-state capture failed for a micro-batch; skipped")
         self.seconds += time.perf_counter() - begin
         return result
 
-    def _take(self, micro_batch, hidden: torch.Tensor | None) -> None:
-        if hidden is None:
-            return
-        input_ids, response_mask = micro_batch["input_ids"], micro_batch["response_mask"]
+    def _chosen_rows(self, micro_batch) -> list[tuple[int, int]]:
+        """(row, tokens to keep) of this micro-batch's sequences that the plan chose (taken off the plan)."""
+        input_ids = micro_batch["input_ids"]
         offsets = input_ids.offsets().tolist()
         values = input_ids.values()
-        rows, keeps = [], []
+        chosen = []
         for row in range(len(offsets) - 1):
             key = _sequence_key(values[offsets[row] : offsets[row + 1]])
             if self._wanted.get(key):
-                keeps.append(self._wanted[key].pop())
-                rows.append(row)
-        if not rows:  # nothing of this micro-batch was chosen: copy nothing
+                chosen.append((row, self._wanted[key].pop()))
+        return chosen
+
+    def _packed(self, micro_batch, tensor: torch.Tensor) -> torch.Tensor | None:
+        """[N, ...] of a per-token output (hidden states, logits) in verl's packed order; None for a layout this
+        does not know."""
+        input_ids = micro_batch["input_ids"]
+        lengths = input_ids.offsets().diff().tolist()
+        num_tokens = sum(lengths)
+        if tensor.dim() == 3 and tensor.shape[0] == 1 and tensor.shape[1] >= num_tokens:
+            return tensor[0, :num_tokens]  # remove-padding layout (a static pad may follow the tokens)
+        if tensor.dim() == 3 and tensor.shape[0] == len(lengths):
+            return torch.cat([tensor[i, :n] for i, n in enumerate(lengths)])  # padded rows
+        logger.warning("TLT capture: unexpected per-token output shape %s; skipped", tuple(tensor.shape))
+        return None
+
+    def _labels(self, micro_batch, chosen: list[tuple[int, int]], logits: torch.Tensor) -> list[TeacherLabels] | None:
+        packed = self._packed(micro_batch, logits)
+        if packed is None:
+            return None
+        offsets = micro_batch["input_ids"].offsets().tolist()
+        labels = []
+        for row, keep in chosen:
+            start = offsets[row]
+            end = min(offsets[row + 1], start + keep)
+            labels.append(labels_from_logits(packed[start:end], self._teacher_top_k))
+        return labels
+
+    def _take(
+        self,
+        micro_batch,
+        chosen: list[tuple[int, int]],
+        hidden: torch.Tensor | None,
+        labels: list[TeacherLabels] | None,
+    ) -> None:
+        if hidden is None:
             return
-        num_tokens = offsets[-1]
-        if hidden.dim() == 3 and hidden.shape[0] == 1 and hidden.shape[1] >= num_tokens:
-            packed = hidden[0, :num_tokens]  # remove-padding layout (a static pad may follow the tokens)
-        elif hidden.dim() == 3 and hidden.shape[0] == len(offsets) - 1:
-            lengths = input_ids.offsets().diff().tolist()
-            packed = torch.cat([hidden[i, :n] for i, n in enumerate(lengths)])  # padded rows
-        else:
-            logger.warning("TLT capture: unexpected hidden-state shape %s; skipped", tuple(hidden.shape))
+        packed = self._packed(micro_batch, hidden)
+        if packed is None:
             return
-        responses = response_mask.unbind()
-        samples = samples_from_packed(values, packed, offsets, responses, rows, self._armed[0])
-        self.samples += [truncated(sample, keep) for sample, keep in zip(samples, keeps, strict=True)]
+        input_ids, response_mask = micro_batch["input_ids"], micro_batch["response_mask"]
+        offsets = input_ids.offsets().tolist()
+        rows = [row for row, _ in chosen]
+        samples = samples_from_packed(input_ids.values(), packed, offsets, response_mask.unbind(), rows, self._armed[0])
+        samples = [truncated(sample, keep) for sample, (_, keep) in zip(samples, chosen, strict=True)]
+        if labels is not None:
+            samples = [sample.labelled(label) for sample, label in zip(samples, labels, strict=True)]
+        self.samples += samples

@@ -201,7 +201,8 @@ class TLTRuntime:
     def arm_capture(self, step: int) -> None:
         self._capture_step = step
         if self._training:
-            self.actor_wg.tlt_arm_capture(step, self.tlt.drafter.capture_tokens)
+            drafter = self.tlt.drafter
+            self.actor_wg.tlt_arm_capture(step, drafter.capture_tokens, drafter.teacher_top_k)
 
     def collect_capture(self) -> None:
         if not self._training:
