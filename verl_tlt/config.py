@@ -281,11 +281,12 @@ class DrafterConfig:
     self_test_tokens: int = field(
         default=32,
         metadata={
-            "help": "After every drafter load and every wake-up, each rollout replica decodes this many tokens of "
-            "fixed probe prompts (the first prompts it served) greedily with the drafter's chain and scores the "
-            "share of draft tokens accepted; a drafter far below the last one that passed is refused (the previous "
-            "drafter kept, or speculation off until the next load) and counted in tlt/drafter/self_test_*. "
-            "0 = off."
+            "help": "After every drafter load and at a wake-up no load preceded, each torch rollout replica scores "
+            "its drafter on fixed probe tokens: its first served prompt, continued once by this many tokens of the "
+            "target's greedy answer; at up to 16 points of the answer the drafter's first draft token is compared with "
+            "the target's (teacher-forced: one target forward and one drafter call). A drafter far below the last "
+            "one that passed is refused (the previous drafter kept, or speculation off until the next load) and "
+            "counted in tlt/drafter/self_test_*. 0 = off."
         },
     )
     self_test_min_ratio: float = field(

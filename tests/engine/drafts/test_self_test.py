@@ -7,9 +7,12 @@ from tests.engine.drafters import HFModelDrafter
 from verl_tlt.engine import RolloutEngine, SamplingParams
 from verl_tlt.engine.drafts.self_test import (
     MIN_REFERENCE_RATE,
+    PROBE_POSITIONS,
     PROBE_PROMPTS,
     DrafterSelfTest,
     ProbeScore,
+    continue_greedily,
+    cut_points,
     judge,
     probe_acceptance,
 )
@@ -28,6 +31,14 @@ def test_judge_refuses_only_far_below_a_meaningful_reference():
     reason = judge(score(0.29), reference=0.6, min_ratio=0.5)
     assert reason is not None and "29.0%" in reason and "60.0%" in reason
     assert "failed on the probe (RuntimeError: boom)" in judge(score(0.9, "RuntimeError: boom"), None, 0.5)
+
+
+def test_cut_points_spread_over_the_answer():
+    assert PROBE_POSITIONS == 16
+    assert cut_points(answer_start=10, length=26) == list(range(10, 26))  # as many answer tokens as cut points
+    assert cut_points(answer_start=10, length=41) == [10 + 2 * i for i in range(15)] + [40]  # first to last
+    assert cut_points(answer_start=10, length=13) == [10, 11, 12]  # fewer answer tokens than cut points
+    assert cut_points(answer_start=10, length=10) == []
 
 
 def make_engine(varied_qwen2, drafter=None) -> RolloutEngine:
@@ -59,7 +70,7 @@ def test_probes_are_distinct_prompts_that_leave_room_for_the_probe():
     test.remember([1, 2])
     test.remember([3])
     test.remember([4])
-    assert test.probes == [[1, 2], [3]]
+    assert test.probes == [[1, 2], [3], [4]][:PROBE_PROMPTS]  # the first distinct prompts with room
     off = DrafterSelfTest(tokens=0, min_ratio=0.5, max_model_len=12)
     off.remember([1, 2])
     assert not off.enabled and off.probes == []
@@ -74,8 +85,10 @@ def test_a_probe_changes_nothing_the_rollouts_sample_or_count(varied_qwen2):
     first = [o.token_ids for o in plain.generate(PROMPTS, params, strategy="3_1_3")]
     assert [o.token_ids for o in probed.generate(PROMPTS, params, strategy="3_1_3")] == first
     before = (probed.stats.as_dict(), probed.decode_costs.costs)
-    score = probe_acceptance(probed, PROMPTS[:2], tokens=8)
-    assert score.drafted > 0 and score.accepted == score.drafted  # a perfect drafter
+    sequences = continue_greedily(probed, PROMPTS[:2], tokens=8)
+    assert [len(s) for s in sequences] == [len(p) + 8 for p in PROMPTS[:2]]
+    score = probe_acceptance(probed, sequences, [len(p) for p in PROMPTS[:2]])
+    assert score.drafted == 2 * 8 and score.accepted == score.drafted  # 8 answer tokens each; a perfect drafter
     assert (probed.stats.as_dict(), probed.decode_costs.costs) == before
     second = [o.token_ids for o in plain.generate(PROMPTS, params, strategy="3_1_3")]
     assert [o.token_ids for o in probed.generate(PROMPTS, params, strategy="3_1_3")] == second

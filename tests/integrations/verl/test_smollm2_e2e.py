@@ -102,7 +102,9 @@ def test_sampled_grpo_on_smollm2_is_identical_with_tlt_on_and_off(smollm2_runs):
     assert all(m["tlt/sd/step_share"] > 0 for m in metrics), "TLT must have speculated"
     assert all(m["training/rollout_probs_diff_max"] < 1e-3 for m in metrics), "SD log-probs must be the target's"
     assert not any(k.startswith("tlt/") for m in runs["off"].metrics for k in m), "TLT off must log nothing of TLT"
-    assert all(m["actor/grad_norm"] > 0 and math.isfinite(m["actor/grad_norm"]) for m in runs["off"].metrics)
+    # GRPO learns only from prompts whose samples scored differently: some step must have had one.
+    grad_norms = [m["actor/grad_norm"] for m in runs["off"].metrics]
+    assert all(math.isfinite(g) for g in grad_norms) and max(grad_norms) > 0, grad_norms
 
 
 def test_a_crashing_drafter_worker_does_not_stop_the_real_model_run(smollm2_runs):

@@ -1,15 +1,17 @@
-"""A drafter that checks itself: score it by serving fixed probe prompts; refuse one far below the last that passed.
+"""A drafter that checks itself: score it on fixed probe tokens; refuse one far below the last that passed.
 
 Serving systems in this field have failed silently with a drafter that accepts nothing after a sleep, a weight sync
 or a bad vocabulary map (reported for SGLang, NeMo-RL and verl's MTP rollout): outputs stay correct because
-verification is lossless, so the only symptom is speculation that costs instead of pays. The self-test decodes a
-few fixed probe prompts greedily with a chain of the drafter and counts the draft tokens accepted; `judge` refuses a
-drafter whose share is far below the last passing drafter's. Probes are the first prompts the engine's server
-served (the task's own text: a drafter accepts next to nothing on arbitrary tokens), so the test starts with the
-first rollout.
+verification is lossless, so the only symptom is speculation that costs instead of pays. The self-test scores the
+drafter teacher-forced on fixed probe tokens: one target forward over each probe sequence gives the target's greedy
+next token at every position, and one drafter call over PROBE_POSITIONS cut points of each sequence gives the
+drafter's; the share that agree is the chance a first greedy draft token is accepted. `judge` refuses a drafter
+whose share is far below the last passing drafter's.
 
-The probe runs on the engine between rollouts: greedy, with a fixed seed (it draws nothing from the engine's random
-generator, so the rollouts sample exactly what they would have), its steps counted apart from the rollout's.
+Probes are the first prompts the engine's server served (the task's own text: a drafter agrees with next to nothing
+on arbitrary tokens), each continued once by the target's greedy answer; the test starts with the first rollout.
+It runs between rollouts, draws nothing from the engine's random generator and adds no steps to its counters, so the
+rollouts sample exactly what they would have without it.
 """
 
 from __future__ import annotations
@@ -19,22 +21,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import torch
+
+from verl_tlt.engine.drafts.base import DraftContext
 from verl_tlt.engine.sampling_params import SamplingParams
 from verl_tlt.policy.decode_stats import DecodeCosts, DecodeStats
-from verl_tlt.spec.strategy import SpecStrategy
 
 if TYPE_CHECKING:
     from verl_tlt.engine.engine import RolloutEngine
 
-# Below this share of accepted draft tokens the reference cannot tell a broken drafter from an untrained one.
+# Below this share of agreeing first drafts the reference cannot tell a broken drafter from an untrained one.
 MIN_REFERENCE_RATE = 0.1
-PROBE_PROMPTS = 2
-PROBE_DEPTH = 4  # the chain the probe drafts with (the CPU recipes' deepest default chain)
+# One probe sequence: its target forward is most of the test's cost (measured on SmolLM2: docs/benchmarks.md).
+PROBE_PROMPTS = 1
+PROBE_POSITIONS = 16  # cut points scored per probe sequence, evenly spaced over its answer
 
 
 @dataclass(frozen=True)
 class ProbeScore:
-    """What one probe measured: draft tokens verified and accepted, and the probe's wall time."""
+    """What one probe measured: first draft tokens scored and agreeing with the target, and the probe's wall time."""
 
     drafted: int
     accepted: int
@@ -63,27 +68,60 @@ def judge(score: ProbeScore, reference: float | None, min_ratio: float) -> str |
         return None
     if score.rate < min_ratio * reference:
         return (
-            f"it accepted {score.rate:.1%} of its probe draft tokens, below {min_ratio:g} x the last passing "
-            f"drafter's {reference:.1%}"
+            f"it agreed with the target on {score.rate:.1%} of its probe draft tokens, below {min_ratio:g} x the "
+            f"last passing drafter's {reference:.1%}"
         )
     return None
 
 
-def probe_acceptance(engine: RolloutEngine, prompts: Sequence[Sequence[int]], tokens: int) -> ProbeScore:
-    """Decode `tokens` greedy tokens of each prompt with the engine's drafter (a chain of PROBE_DEPTH, or shorter
-    when the engine verifies fewer draft tokens); the engine's counters do not see these steps."""
-    depth = min(PROBE_DEPTH, engine.max_draft_tokens)
-    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True, seed=0)
-    counters = engine.stats, engine.decode_costs
-    engine.stats, engine.decode_costs = DecodeStats(), DecodeCosts()  # the probe's steps are not the rollout's
+@torch.inference_mode()
+def probe_acceptance(
+    engine: RolloutEngine, sequences: Sequence[Sequence[int]], answer_starts: Sequence[int]
+) -> ProbeScore:
+    """Teacher-forced first-draft agreement of the engine's drafter with its target on `sequences` (prompt + answer;
+    the answer of sequence i starts at answer_starts[i]). Writes scratch KV in the engine's first cache slots: call it
+    with no request in flight."""
     start = time.perf_counter()
+    drafter = engine.drafter
+    hidden = engine.runner.prefill([list(s) for s in sequences], row_start=0)  # [N, T, H]
+    contexts, wanted = [], []
+    for row, (tokens, answer) in enumerate(zip(sequences, answer_starts, strict=True)):
+        cuts = cut_points(answer, len(tokens))
+        # The target's greedy token after each cut (its head at those positions only).
+        wanted += engine.runner.logits(hidden[row, cuts]).argmax(-1).tolist()
+        for cut in cuts:
+            # The root is tokens[cut], which the target has not processed; the drafter consumes pairs 0..cut-1.
+            states = hidden[row, :cut].clone() if drafter.uses_hidden_states else None
+            contexts.append(DraftContext(list(tokens[: cut + 1]), 0, states))
+    error = None
     try:
-        outputs = engine.generate(prompts, params, strategy=SpecStrategy(depth=depth))
+        drafted = drafter.begin(contexts).argmax(-1).tolist()
+    except Exception as failure:  # a broken drafter is what the test is for
+        drafted, error = [], f"{type(failure).__name__}: {failure}"
+    accepted = sum(d == w for d, w in zip(drafted, wanted, strict=False))
+    return ProbeScore(len(wanted), accepted, time.perf_counter() - start, error)
+
+
+def cut_points(answer_start: int, length: int) -> list[int]:
+    """Up to PROBE_POSITIONS roots evenly spaced over the answer (each needs one answer token before it)."""
+    first, last = answer_start, length - 1
+    if last < first:
+        return []
+    count = min(PROBE_POSITIONS, last - first + 1)
+    return sorted({first + (last - first) * i // max(count - 1, 1) for i in range(count)})
+
+
+def continue_greedily(engine: RolloutEngine, prompts: Sequence[Sequence[int]], tokens: int) -> list[list[int]]:
+    """The prompts continued by `tokens` of the target's greedy answer, decoded plainly (no drafter, no policy; seeded,
+    so the engine's random generator is not drawn from) with the engine's counters left as they were."""
+    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True, seed=0)
+    saved = engine.stats, engine.decode_costs, engine.policy
+    engine.stats, engine.decode_costs, engine.policy = DecodeStats(), DecodeCosts(), None
+    try:
+        outputs = engine.generate(prompts, params)
     finally:
-        engine.stats, engine.decode_costs = counters
-    drafted = sum(o.stats["num_draft_tokens"] for o in outputs)
-    accepted = sum(o.stats["num_accepted_tokens"] for o in outputs)
-    return ProbeScore(drafted, accepted, time.perf_counter() - start, engine.drafter_error)
+        engine.stats, engine.decode_costs, engine.policy = saved
+    return [list(prompt) + output.token_ids for prompt, output in zip(prompts, outputs, strict=True)]
 
 
 class DrafterSelfTest:
@@ -92,6 +130,7 @@ class DrafterSelfTest:
     def __init__(self, tokens: int, min_ratio: float, max_model_len: int):
         self.tokens, self.min_ratio, self.max_model_len = tokens, min_ratio, max_model_len
         self.probes: list[list[int]] = []
+        self.sequences: list[list[int]] | None = None  # the probes continued by the target (made at the first check)
         self.reference: float | None = None  # the rate of the last drafter that passed
         self._reset_counts()
 
@@ -117,7 +156,9 @@ class DrafterSelfTest:
         """Score the engine's drafter; a passing one becomes the reference. Call with no requests in flight."""
         if not self.enabled or not self.probes or engine.drafter is None:
             return Verdict(True)
-        score = probe_acceptance(engine, self.probes, self.tokens)
+        if self.sequences is None:
+            self.sequences = continue_greedily(engine, self.probes, self.tokens)
+        score = probe_acceptance(engine, self.sequences, [len(p) for p in self.probes])
         reason = judge(score, self.reference, self.min_ratio)
         self.runs += 1
         self.seconds += score.seconds
