@@ -16,6 +16,7 @@ import time
 
 from verl_tlt.bench.drafting_cost import drafting_cost, print_drafting_cost
 from verl_tlt.bench.host import host_info
+from verl_tlt.bench.self_test_cost import print_self_test_cost, self_test_cost
 from verl_tlt.bench.subject import BenchSubject
 from verl_tlt.engine import CompletionOutput, RolloutEngine, SamplingParams
 from verl_tlt.engine.config import EngineConfig
@@ -107,6 +108,8 @@ def run(
     rows = _speedup_curve(engine, prompts, params, strategies, batch_sizes, rounds)
     cost = drafting_cost(engine, strategies)
     print_drafting_cost(cost)
+    self_test = self_test_cost(engine, prompts[0])
+    print_self_test_cost(self_test)
     result = {
         "benchmark": "sd",
         **subject.about(),
@@ -128,6 +131,8 @@ def run(
         "rows": rows,
         # Drafter time per draft token over the draft vocabulary vs the full head (None without a draft vocabulary).
         "drafting_cost": cost,
+        # Seconds of one drafter self-test check on this engine (bench/self_test_cost.py).
+        "self_test_cost": self_test,
     }
     if json_path:
         write_json(json_path, result)
