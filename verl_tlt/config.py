@@ -297,6 +297,15 @@ class DrafterConfig:
             "tell a broken drafter from an untrained one)."
         },
     )
+    memory_budget_gib: float = field(
+        default=0.0,
+        metadata={
+            "help": "Most resident memory one drafter worker may hold, GiB. Checked before every optimizer step: over "
+            "it, the burst ends at that step and the worker frees caches and drops its oldest buffered samples until "
+            "under it, starting no burst until then; an out-of-memory error ends a burst the same way. Counted in "
+            "tlt/drafter/memory_stops. 0 = a tenth of the node's memory."
+        },
+    )
     input_noise: float = field(
         default=0.0,
         metadata={
@@ -381,7 +390,7 @@ class DrafterConfig:
             raise ValueError(
                 f"{path}.depth_decay must be in (0, 1], got {self.depth_decay}; e.g. {path}.depth_decay=0.8"
             )
-        for key in ("hidden_loss_weight", "logit_loss_weight", "input_noise"):
+        for key in ("hidden_loss_weight", "logit_loss_weight", "input_noise", "memory_budget_gib"):
             if not (math.isfinite(getattr(self, key)) and getattr(self, key) >= 0):
                 raise ValueError(f"{path}.{key} must be finite and >= 0, got {getattr(self, key)}")
         if self.hidden_loss_weight == 0 and self.logit_loss_weight == 0:

@@ -120,3 +120,12 @@ def test_windows_without_a_loss_pair_are_never_served():
     buffer.add([sample])
     for _ in range(6):
         assert bool(buffer.next_batch(8).loss_mask.any())
+
+
+def test_drop_oldest_evicts_the_oldest_samples_until_the_share_is_gone():
+    buffer = DrafterDataBuffer(max_tokens=1000)
+    for length in (10, 20, 30, 40):  # 100 tokens, oldest first
+        buffer.add([marked_sample(list(range(3, 3 + length)), prompt_len=2)])
+    assert buffer.drop_oldest(0.25) == 2 and buffer.num_tokens == 70  # to at most 75 tokens: the 10 and the 20 go
+    assert buffer.drop_oldest(1.0) == 2 and buffer.num_tokens == 0 and len(buffer) == 0
+    assert buffer.drop_oldest(0.5) == 0

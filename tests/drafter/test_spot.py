@@ -140,3 +140,52 @@ def test_training_runs_with_the_callers_thread_count(spot, monkeypatch):
     finally:
         torch.set_num_threads(previous)
     assert seen == [1]
+
+
+class FakeMemory:
+    """A MemoryBudget whose resident size the test sets: `over` makes it exceeded for that many checks."""
+
+    def __init__(self):
+        self.limit, self.over = 100, 0
+
+    def resident(self) -> int:
+        if self.over > 0:
+            self.over -= 1
+            return 200
+        return 50
+
+    def exceeded(self) -> bool:
+        return self.resident() > self.limit
+
+    def describe(self) -> str:
+        return "test"
+
+
+def test_a_burst_over_its_memory_budget_ends_keeps_its_steps_and_frees_the_oldest_samples(varied_qwen2):
+    engine = RolloutEngine.from_pretrained(str(varied_qwen2[0]))
+    memory = FakeMemory()
+    trainer = SpotTrainer(
+        EagleDrafterModel.from_target(engine.model), DrafterConfig(lr=1e-3, max_tokens_per_batch=64), memory=memory
+    )
+    trainer.add_samples(samples(engine, count=8))
+    steps_taken = []
+    original = trainer.trainer.train_step
+
+    def step_then_grow(batch):
+        steps_taken.append(1)
+        if len(steps_taken) == 2:
+            memory.over = 2  # the check before step 3 and the first check after the burst see the process over
+        return original(batch)
+
+    trainer.trainer.train_step = step_then_grow
+    assert trainer.start(max_steps=10)
+    deadline = time.monotonic() + 60
+    while trainer.is_running and time.monotonic() < deadline:  # the burst ends by itself, over the budget
+        time.sleep(0.01)
+    report = trainer.stop(timeout=60)
+    assert report.steps == 2 and trainer.version == 1  # the steps it made are published
+    assert trainer.status()["memory_stops"] == 1 and trainer.status()["last_error"] is None
+    assert len(trainer.trainer.buffer) == 6  # a quarter of the 8 samples dropped, then back under the budget
+    memory.over = 10  # still over before the next burst: it does not start
+    assert trainer.start(max_steps=1) is False and trainer.status()["memory_stops"] == 2
+    assert len(trainer.trainer.buffer) == 0  # everything it could give back went

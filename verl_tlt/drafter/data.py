@@ -253,6 +253,20 @@ class DrafterDataBuffer:
             self.num_evicted += 1
         return added
 
+    def drop_oldest(self, fraction: float) -> int:
+        """Evict about `fraction` of the buffered tokens, oldest samples first (memory pressure); returns how many
+        samples went."""
+        with self._lock:
+            target = self.num_tokens * (1.0 - fraction)
+            dropped = 0
+            while self.samples and self.num_tokens > target:
+                old_id, old = self.samples.popitem(last=False)
+                del self.times_used[old_id]
+                self.num_tokens -= old.num_tokens
+                self.num_evicted += 1
+                dropped += 1
+            return dropped
+
     def next_batch(self, max_tokens_per_batch: int) -> PackedBatch | None:
         """Pack the least-used (then newest) samples into at most max_tokens_per_batch tokens; None if empty."""
         with self._lock:

@@ -4,7 +4,9 @@ This is what a drafter worker runs (on CPU a Ray actor wraps it; see the TLT tra
 launches training in a thread; `stop()` returns within one optimizer step, bumps the weight version if any step
 ran, and starts an asynchronous checkpoint. A failure inside training (an exception, or a non-finite loss) never
 propagates: it is logged and recorded, the weights are restored to the last good version, and the worker stays
-usable, so a broken drafter cannot stop the RL run.
+usable, so a broken drafter cannot stop the RL run. With a memory budget (`drafter.memory_budget`), a burst also
+ends at the step where the process holds more than its budget, or at an out-of-memory error; the trainer then frees
+what it can, its oldest samples included, and starts no burst until it is back under.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 
 from verl_tlt.config import DrafterConfig
 from verl_tlt.drafter.data import DrafterDataBuffer, DrafterSample
+from verl_tlt.drafter.memory_budget import MemoryBudget, free_caches, is_out_of_memory
 from verl_tlt.drafter.model import EagleDrafterModel
 from verl_tlt.drafter.trainer import DrafterTrainer, TrainReport
 from verl_tlt.modeling.torch_threads import with_torch_threads
@@ -33,9 +36,13 @@ class SpotTrainer:
         *,
         seed: int = 0,
         checkpoint_dir: str | Path | None = None,
+        memory: MemoryBudget | None = None,
     ):
-        """config: the training recipe and the data buffer's size (`buffer_tokens`); seed: the trainer's."""
+        """config: the training recipe and the data buffer's size (`buffer_tokens`); seed: the trainer's;
+        memory: the most this process may hold while it trains (None: no limit)."""
         config = config or DrafterConfig()
+        self.memory = memory
+        self.memory_stops = 0  # bursts ended, or not started, over the memory budget or out of memory
         self.trainer = DrafterTrainer(model, DrafterDataBuffer(config.buffer_tokens), config, seed=seed)
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.version = 0
@@ -62,6 +69,12 @@ class SpotTrainer:
             return False
         if len(self.trainer.buffer) == 0:
             return False
+        if self.memory is not None and self.memory.exceeded():
+            self._relieve_memory()
+            if self.memory.exceeded():
+                self.memory_stops += 1
+                logger.warning("Drafter spot training not started: %s", self.memory.describe())
+                return False
         self._stop.clear()
         self._result = {}
         # Train with the intra-op thread count the caller set, not the process default (see engine.torch_threads).
@@ -110,21 +123,44 @@ class SpotTrainer:
             "last_metrics": dict(report.last_metrics) if report else {},
             "draft_vocab_size": len(vocab) if (vocab := self.trainer.model.draft_vocab) is not None else 0,
             "draft_vocab_miss": self.trainer.last_draft_vocab_miss,
+            "memory_stops": self.memory_stops,
+            "resident_gib": self.memory.resident() / 2**30 if self.memory is not None else None,
         }
 
     # ----- internals -----------------------------------------------------------------------------------------
 
     def _train(self, max_steps: int | None) -> None:
+        stop = _StopOrOverBudget(self._stop, self.memory)
         try:
-            report = self.trainer.train(stop=self._stop, max_steps=max_steps)
-            self._result = {"report": report}
+            report = self.trainer.train(stop=stop, max_steps=max_steps)
+            self._result = {"report": report, "over_budget": stop.over_budget}
         except Exception as error:  # a failing drafter must never kill the RL run
-            logger.exception("Drafter spot training failed; keeping drafter version %d", self.version)
-            self._result = {"error": f"{type(error).__name__}: {error}"}
+            out_of_memory = is_out_of_memory(error)
+            if out_of_memory:
+                logger.warning("Drafter spot training ran out of memory (%s); the burst ends", error)
+            else:
+                logger.exception("Drafter spot training failed; keeping drafter version %d", self.version)
+            self._result = {"error": f"{type(error).__name__}: {error}", "over_budget": out_of_memory}
+
+    def _relieve_memory(self) -> None:
+        """Free caches, then the oldest quarter of the buffered samples at a time, until under the budget."""
+        free_caches()
+        buffer = self.trainer.buffer
+        while self.memory is not None and self.memory.exceeded() and len(buffer) > 0:
+            dropped = buffer.drop_oldest(0.25)
+            free_caches()
+            logger.warning(
+                "Drafter worker over its memory budget: dropped %d oldest samples (%s)", dropped, self.memory.describe()
+            )
 
     def _finish(self) -> TrainReport | None:
         report = self._result.get("report")
         error = self._result.get("error")
+        if self._result.get("over_budget"):
+            self.memory_stops += 1
+            if self.memory is not None:
+                logger.warning("Drafter spot training stopped over its memory budget (%s)", self.memory.describe())
+            self._relieve_memory()
         if error is None and report is not None and not self._weights_finite():
             error = f"non-finite drafter weights (last loss {report.last_metrics.get('loss')})"
             logger.error("Drafter spot training diverged (%s); keeping drafter version %d", error, self.version)
@@ -150,3 +186,19 @@ class SpotTrainer:
 
     def _snapshot(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().to("cpu", copy=True) for k, v in self.trainer.model.state_dict().items()}
+
+
+class _StopOrOverBudget:
+    """What the trainer's loop asks before every optimizer step: told to stop, or over the memory budget (which
+    it remembers, so the burst's end is counted as the budget's)."""
+
+    def __init__(self, stop: threading.Event, memory: MemoryBudget | None):
+        self.stop, self.memory, self.over_budget = stop, memory, False
+
+    def is_set(self) -> bool:
+        if self.stop.is_set():
+            return True
+        if self.memory is not None and self.memory.exceeded():
+            self.over_budget = True
+            return True
+        return False

@@ -24,6 +24,7 @@ import torch
 from verl_tlt.config import DrafterConfig
 from verl_tlt.drafter.data import DrafterSample
 from verl_tlt.drafter.evaluate import evaluate_drafter, subsample_for_evaluation
+from verl_tlt.drafter.memory_budget import MemoryBudget, budget_bytes
 from verl_tlt.drafter.model import EagleDrafterModel
 from verl_tlt.drafter.spot import SpotTrainer
 
@@ -73,7 +74,8 @@ class DrafterWorker:
         self.frozen.load_state_dict(model.state_dict())
         self.frozen.attach(self.target)
         self.frozen.requires_grad_(False)
-        self.spot = SpotTrainer(model, config, seed=seed, checkpoint_dir=checkpoint_dir)
+        memory = MemoryBudget(budget_bytes(config.memory_budget_gib))
+        self.spot = SpotTrainer(model, config, seed=seed, checkpoint_dir=checkpoint_dir, memory=memory)
         self._fault = fault if fault is not None else os.environ.get(FAULT_ENV, "")
         self._starts = 0
 

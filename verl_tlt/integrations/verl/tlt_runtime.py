@@ -260,8 +260,11 @@ class TLTRuntime:
                 "tlt/drafter/workers_alive": float(sum(self.pool.alive)),
                 "tlt/drafter/worker_failures": float(self.pool.failures),
                 "tlt/drafter/handoff_s": self.pool.handoff_seconds,
+                "tlt/drafter/memory_stops": float(status.get("memory_stops", 0)),
             }
         )
+        if status.get("resident_gib") is not None:
+            self.metrics["tlt/drafter/resident_gib"] = float(status["resident_gib"])
         self.pool.handoff_seconds = 0.0
         # The draft vocabulary's size, and the share of the newest captured response tokens outside it (as it was
         # before they arrived): how far the policy has drifted from the tokens the drafter can draft.
