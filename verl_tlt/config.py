@@ -303,7 +303,7 @@ class DrafterConfig:
             "help": "Most resident memory one drafter worker may hold, GiB. Checked before every optimizer step: over "
             "it, the burst ends at that step and the worker frees caches and drops its oldest buffered samples until "
             "under it, starting no burst until then; an out-of-memory error ends a burst the same way. Counted in "
-            "tlt/drafter/memory_stops. 0 = a tenth of the node's memory."
+            "tlt/drafter/memory_stops. 0 = 15% of the node's memory."
         },
     )
     input_noise: float = field(

@@ -7,9 +7,9 @@ import torch
 from verl_tlt.drafter.memory_budget import GIB, MemoryBudget, budget_bytes, is_out_of_memory, resident_bytes
 
 
-def test_the_budget_is_the_configured_gib_or_a_tenth_of_the_node():
+def test_the_budget_is_the_configured_gib_or_a_share_of_the_node():
     assert budget_bytes(1.5) == int(1.5 * GIB)
-    assert budget_bytes(0.0, node_bytes=24 * GIB) == int(2.4 * GIB)
+    assert budget_bytes(0.0, node_bytes=20 * GIB) == int(3 * GIB)
 
 
 def test_exceeded_compares_the_resident_size_with_the_limit():

@@ -17,8 +17,9 @@ import psutil
 import torch
 
 GIB = 1 << 30
-# Without an explicit budget a worker may hold this share of the node's memory.
-DEFAULT_NODE_SHARE = 0.1
+# Without an explicit budget a worker may hold this share of the node's memory: room for the toy's and SmolLM2's
+# workers (0.6-1.4 GiB each, docs/benchmarks.md) on a 24 GiB machine; a runaway buffer or a leak still stops.
+DEFAULT_NODE_SHARE = 0.15
 
 
 def budget_bytes(budget_gib: float, node_bytes: int | None = None) -> int:
