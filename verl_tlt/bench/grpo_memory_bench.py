@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import platform
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,8 +26,6 @@ RUNS: dict[str, list[str]] = {
 }
 # GRPO's lr for a small instruct model; memory does not depend on it.
 LR = 1e-6
-# Prompt lengths are rounded up to this, so a job's padding does not hinge on one long question.
-PROMPT_LENGTH_STEP = 32
 
 
 @dataclass(frozen=True)
@@ -76,18 +73,16 @@ def run(json_path: str | None, job: MemoryJob, out_dir: str | Path) -> dict:
 def _common_overrides(job: MemoryJob, out_dir: Path) -> list[str]:
     import verl_tlt.tasks.reward as reward
     from verl_tlt.models.prepare import ensure_model
-    from verl_tlt.tasks.dataset import longest_prompt, write_splits
-    from verl_tlt.tasks.registry import DEFAULT_TASKS
+    from verl_tlt.tasks.dataset import grpo_task_files
 
     target = ensure_model(job.model)
-    per_task = math.ceil(job.batch_size * job.steps / len(DEFAULT_TASKS))
-    data = write_splits(out_dir / "data", DEFAULT_TASKS, train=per_task, val=1, seed=0)
+    data = grpo_task_files(target, out_dir / "data", job.batch_size * job.steps)
     overrides = grpo_overrides(
         train_files=data["train"],
         val_files=data["val"],
         model_dir=target,
         reward_fn=reward.__file__,
-        max_prompt_length=longest_prompt(target, data["train"], PROMPT_LENGTH_STEP),
+        max_prompt_length=data["max_prompt_length"],
         steps=job.steps,
         batch_size=job.batch_size,
         group_size=job.group_size,

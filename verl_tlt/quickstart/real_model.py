@@ -5,32 +5,24 @@ tasks (`verl_tlt.tasks.drafter`: built once and cached, tens of minutes on 2 cor
 from __future__ import annotations
 
 import logging
-import math
 from pathlib import Path
 
 from verl_tlt.quickstart.recipe import GRPOSettings, QuickstartInputs
 
 logger = logging.getLogger(__name__)
 
-# Prompt lengths are rounded up to this, so a job's padding does not hinge on one long question.
-PROMPT_LENGTH_STEP = 32
-VALIDATION_PROBLEMS_PER_TASK = 1  # the quickstart does not validate; verl still wants a validation file
-
 
 def prepare_real_model(model: str, cache: Path, data_dir: Path, settings: GRPOSettings, timer) -> QuickstartInputs:
     """The model, the tasks for `settings.steps` steps of `settings.batch_size` prompts, and the model's drafter."""
     import verl_tlt.tasks.reward as reward
     from verl_tlt.models.prepare import ensure_model
-    from verl_tlt.tasks.dataset import longest_prompt, write_splits
+    from verl_tlt.tasks.dataset import grpo_task_files
     from verl_tlt.tasks.drafter import ensure_task_drafter
-    from verl_tlt.tasks.registry import DEFAULT_TASKS
 
     with timer.stage("model"):
         actor = ensure_model(model, cache)
     with timer.stage("tasks"):
-        per_task = math.ceil(settings.batch_size * settings.steps / len(DEFAULT_TASKS))
-        data = write_splits(data_dir, DEFAULT_TASKS, train=per_task, val=VALIDATION_PROBLEMS_PER_TASK, seed=0)
-        max_prompt_length = longest_prompt(actor, data["train"], PROMPT_LENGTH_STEP)
+        data = grpo_task_files(actor, data_dir, settings.batch_size * settings.steps)
     with timer.stage("drafter"):
         drafter = ensure_task_drafter(model, cache)
     logger.info("actor: %s; drafter warmed up on its answers: %s; tasks: %s", actor, drafter, data["train"])
@@ -42,5 +34,5 @@ def prepare_real_model(model: str, cache: Path, data_dir: Path, settings: GRPOSe
         drafter=drafter,
         reward_fn=reward.__file__,
         reward_name="compute_score",
-        max_prompt_length=max_prompt_length,
+        max_prompt_length=data["max_prompt_length"],
     )

@@ -69,3 +69,20 @@ def longest_prompt(model_dir: str | Path, parquet: str | Path, step: int) -> int
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     lengths = [len(chat_prompt_ids(tokenizer, messages)) for messages in pd.read_parquet(parquet)["prompt"]]
     return step * math.ceil(max(lengths) / step)
+
+
+# Prompt lengths are rounded up to this, so a job's padding does not hinge on one long question.
+PROMPT_LENGTH_STEP = 32
+
+
+def grpo_task_files(model_dir: str | Path, out_dir: str | Path, num_prompts: int, seed: int = 0) -> dict[str, Any]:
+    """Train and validation parquet for a GRPO job that draws `num_prompts` prompts (the default tasks, interleaved;
+    one validation problem per task), and data.max_prompt_length for them in the model's tokens: keys train, val,
+    max_prompt_length."""
+    import math
+
+    from verl_tlt.tasks.registry import DEFAULT_TASKS
+
+    per_task = math.ceil(num_prompts / len(DEFAULT_TASKS))
+    files = write_splits(out_dir, DEFAULT_TASKS, train=per_task, val=1, seed=seed)
+    return {**files, "max_prompt_length": longest_prompt(model_dir, files["train"], PROMPT_LENGTH_STEP)}

@@ -36,19 +36,17 @@ NO_PLAIN_ARM = 1000  # above any threshold: every bucket's arms are SD strategie
 def smollm2_runs(tmp_path_factory):
     import verl_tlt.tasks.reward as reward
     from verl_tlt.models.prepare import ensure_model
-    from verl_tlt.tasks.dataset import longest_prompt, write_splits
-    from verl_tlt.tasks.registry import DEFAULT_TASKS
+    from verl_tlt.tasks.dataset import grpo_task_files
 
     root = tmp_path_factory.mktemp("smollm2-grpo")
     target = ensure_model(MODEL)
-    per_task = math.ceil(PROMPTS * STEPS / len(DEFAULT_TASKS))
-    data = write_splits(root / "data", DEFAULT_TASKS, train=per_task, val=1, seed=0)
+    data = grpo_task_files(target, root / "data", PROMPTS * STEPS)
     common = grpo_overrides(
         train_files=data["train"],
         val_files=data["val"],
         model_dir=target,
         reward_fn=reward.__file__,
-        max_prompt_length=longest_prompt(target, data["train"], 32),
+        max_prompt_length=data["max_prompt_length"],
         steps=STEPS,
         batch_size=PROMPTS,
         group_size=SAMPLES,
