@@ -281,7 +281,8 @@ class DrafterConfig:
     self_test_tokens: int = field(
         default=32,
         metadata={
-            "help": "After every drafter load and at a wake-up no load preceded, each torch rollout replica scores "
+            "help": "After every drafter load, and before the first request after a wake-up no load has tested since "
+            "the last sleep, each torch rollout replica scores "
             "its drafter on fixed probe tokens: its first served prompt, continued once by this many tokens of the "
             "target's greedy answer; at up to 16 points of the answer the drafter's first draft token is compared with "
             "the target's (teacher-forced: one target forward and one drafter call). A drafter far below the last "

@@ -305,14 +305,18 @@ def test_a_corrupted_drafter_is_refused_while_the_rollout_goes_on(tiny_qwen2):  
 
     assert len(serve([5, 6, 7]).token_ids) == 3  # the probe prompt is remembered
     server._self_test.reference = 0.8  # as if the last drafter had passed with 80% of its drafts accepted
+    server.sleep()
+    server.wake_up(tags=["kv_cache"])  # a test is due before the next rollout's first request...
     corrupted = EagleDrafterModel.from_target(server.engine.model).state_dict()
     corrupted["fc.weight"] = torch.full_like(corrupted["fc.weight"], float("nan"))
     assert server.update_drafter(corrupted, version=1) is False
+    assert not server._wake_test_due  # ...until the load tested the drafter
     assert server.engine.drafter is None and server.drafter_version() is None
     self_test = server.sd_stats()["self_test"]
     assert (self_test["runs"], self_test["refused"]) == (1, 1)
     assert "of its probe draft tokens" in self_test["last_reason"]
     assert len(serve([8, 9]).token_ids) == 3  # the rollout goes on, decoding plainly
+    assert server._self_test.runs == 0  # and the load's test was the step's only one
     generate.close()
 
 
@@ -329,8 +333,10 @@ def test_a_drafter_that_fails_its_wake_up_self_test_is_dropped(tiny_qwen2):  # n
     server._drafter_sync = DrafterSync(server.engine, server._self_test)
     server.engine.set_drafter(HFModelDrafter(tiny_qwen2[1], sign=-1.0))  # what a bad wake-up would leave
     server._drafter_sync.version = 3
+    server._tested_since_sleep = False
     server.wake_up(tags=["weights"])  # before the new weights arrive: no test
+    server.wake_up(tags=["kv_cache"])  # the test is due before the rollout's first request
     assert server.engine.drafter is not None and server._self_test.runs == 0
-    server.wake_up(tags=["kv_cache"])
+    server._wake_up_self_test()
     assert server.engine.drafter is None and server.drafter_version() is None
     assert server.sd_stats()["self_test"]["refused"] == 1

@@ -95,7 +95,8 @@ class TorchRolloutServer(RolloutBookkeeping):
             self._self_test = DrafterSelfTest(
                 drafter.self_test_tokens, drafter.self_test_min_ratio, self.engine.max_model_len
             )
-        self._checked_since_sleep = False  # the drafter passed a self-test after the last sleep (no wake-up test)
+        self._tested_since_sleep = False  # a drafter load ran the self-test since the last sleep
+        self._wake_test_due = False  # woken with no test since the sleep: test before the rollout's first request
         self._thread = threading.Thread(
             target=with_torch_threads(self._run_engine, options.num_threads),
             name=f"torch-rollout-{self.replica_rank}",
@@ -151,6 +152,8 @@ class TorchRolloutServer(RolloutBookkeeping):
         self._futures[internal_id] = (loop, future)
         self._submit_index[internal_id] = self.trace.on_submit()
         # The slot-seeded agent loop names each request's GRPO group (group drafts); other callers send none.
+        if self._wake_test_due:
+            self._wake_up_self_test()
         if self._self_test is not None:
             self._self_test.remember(prompt_ids)  # its probes: the first prompts served (a no-op once it has them)
         group = kwargs.get(GROUP_KWARG)
@@ -226,7 +229,7 @@ class TorchRolloutServer(RolloutBookkeeping):
             runs = self._self_test.runs if self._self_test is not None else 0
             loaded = self._drafter_sync.update(state, version)
             if self._self_test is not None and self._self_test.runs > runs:
-                self._checked_since_sleep = True
+                self._tested_since_sleep, self._wake_test_due = True, False
             return loaded
 
     def target_shared_weights(self) -> dict[str, torch.Tensor]:
@@ -291,7 +294,7 @@ class TorchRolloutServer(RolloutBookkeeping):
         if record is not None and self._trace_path:
             append_jsonl(self._trace_path, record)
         self.release_kv_cache()
-        self._checked_since_sleep = False
+        self._tested_since_sleep = False
 
     def _loaded_weights_sha256(self) -> str:
         # Only for the trace file (a few ms per rollout on the toy target, more on a big one): weights change only
@@ -323,19 +326,25 @@ class TorchRolloutServer(RolloutBookkeeping):
         return counts
 
     def wake_up(self, tags: list[str] | None = None) -> None:
-        """Weights stay resident on CPU and the cache regrows on demand; what a wake-up does is the drafter's
-        self-test (unless a load tested it since the last sleep): a drafter that fails it is dropped (plain decoding)
-        until the next version arrives. verl wakes weights, loads the new ones, then wakes the KV cache: the test
-        runs at that last wake-up, against the weights the rollout will use."""
-        if tags is not None and "kv_cache" not in tags:
-            return None
-        if self._self_test is None or self._drafter_sync is None or self._checked_since_sleep:
-            return None
+        """Weights stay resident on CPU and the cache regrows on demand; what a wake-up does is schedule the drafter's
+        self-test, unless a drafter load tested it since the last sleep. verl wakes the weights, loads new ones,
+        wakes the KV cache, and may load a new drafter only then: the test runs before the rollout's first request
+        (`_wake_up_self_test`), so it sees the weights and the drafter the rollout will use, and is skipped when a
+        load tested them."""
+        if tags is None or "kv_cache" in tags:
+            self._wake_test_due = self._self_test is not None and not self._tested_since_sleep
+        return None
+
+    def _wake_up_self_test(self) -> None:
+        """The wake-up self-test: a drafter that fails it is dropped (plain decoding) until the next version."""
+        self._wake_test_due = False
+        if self._drafter_sync is None:
+            return
         with self._engine_lock:
             if self.engine.has_unfinished() or self.engine.drafter is None:
-                return None
+                return
             verdict = self._self_test.check(self.engine)
-            self._checked_since_sleep = True
+            self._tested_since_sleep = True
             if not verdict.passed:
                 logger.warning(
                     "torch rollout server %d: drafter version %s failed its wake-up self-test (%s); decoding plainly "
@@ -345,7 +354,6 @@ class TorchRolloutServer(RolloutBookkeeping):
                     verdict.reason,
                 )
                 self._drafter_sync.drop()
-        return None
 
     # Nothing to do on CPU: the cache regrows on demand, profiling is not wired.
 
