@@ -151,11 +151,11 @@ class TorchRolloutServer(RolloutBookkeeping):
         internal_id = f"{request_id}#{next(self._ids)}"
         self._futures[internal_id] = (loop, future)
         self._submit_index[internal_id] = self.trace.on_submit()
-        # The slot-seeded agent loop names each request's GRPO group (group drafts); other callers send none.
         if self._wake_test_due:
             self._wake_up_self_test()
         if self._self_test is not None:
             self._self_test.remember(prompt_ids)  # its probes: the first prompts served (a no-op once it has them)
+        # The slot-seeded agent loop names each request's GRPO group (group drafts); other callers send none.
         group = kwargs.get(GROUP_KWARG)
         if group is not None:
             self._grouped += 1
