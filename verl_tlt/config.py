@@ -282,12 +282,14 @@ class DrafterConfig:
         default=32,
         metadata={
             "help": "After every drafter load, and before the first request after a wake-up no load has tested since "
-            "the last sleep, each torch rollout replica scores "
-            "its drafter on fixed probe tokens: its first served prompt, continued once by this many tokens of the "
-            "target's greedy answer; at up to 16 points of the answer the drafter's first draft token is compared with "
-            "the target's (teacher-forced: one target forward and one drafter call). A drafter far below the last "
-            "one that passed is refused (the previous drafter kept, or speculation off until the next load) and "
-            "counted in tlt/drafter/self_test_*. 0 = off."
+            "the last sleep, each rollout replica scores its drafter on its first served prompt and this many tokens "
+            "of the target's greedy answer. Torch: teacher-forced, at up to 16 points of the answer the drafter's "
+            "first draft token is compared with the target's (one target forward, one drafter call). vLLM: one "
+            "greedy request of this many tokens with speculation on, scored by vLLM's accepted / drafted tokens. A "
+            "drafter far below the last one that passed is refused (the previous drafter kept; after a wake-up, "
+            "speculation off until the next load on torch; on vLLM the test runs before each rollout's first request, "
+            "and a drafter that passed before and fails now is reloaded from its files) and counted in "
+            "tlt/drafter/self_test_*. 0 = off."
         },
     )
     self_test_min_ratio: float = field(

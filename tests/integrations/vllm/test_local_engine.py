@@ -149,6 +149,28 @@ def test_the_drafter_comes_back_after_a_wake_up_with_weights(engines, prompts):
     assert acceptance(sd.take_stats()) >= 3.0
 
 
+def test_the_self_test_refuses_a_random_drafter_and_passes_the_warm_one(engines, prompts, random_drafter):
+    """What a replica does after a drafter load: the warm drafter passes and sets the reference, a random one (a
+    drafter that 'loaded fine' but learned nothing, as after a bad sync) is refused, and no probe reaches the stats."""
+    from verl_tlt.engine.drafts.self_test import DrafterSelfTest
+
+    sd, _ = engines
+    test = DrafterSelfTest(tokens=32, min_ratio=0.5, max_model_len=1024)
+    test.remember(prompts[0])
+    sd.load_drafter(ensure_toy_drafter(), 21)
+    sd.take_stats()
+    sd.counter.take_totals()
+    warm = sd.self_test(test)
+    assert warm.passed and warm.score.rate >= 0.5, warm
+    sd.load_drafter(random_drafter, 22)
+    refused = sd.self_test(test)
+    assert not refused.passed and refused.score.rate < 0.5 * warm.score.rate, refused
+    assert "last passing drafter" in refused.reason
+    sd.load_drafter(ensure_toy_drafter(), 23)
+    assert sd.self_test(test).passed
+    assert sd.counter.take_totals()["num_draft_tokens"] == 0 and sd.take_stats()["steps_sd"] == 0
+
+
 def test_a_drafter_that_does_not_fit_is_refused_and_the_previous_one_keeps_running(engines, prompts, tmp_path):
     from safetensors.torch import save_file
 

@@ -49,3 +49,17 @@ def test_rollout_totals_give_the_acceptance_length_and_reset():
     assert totals == {"num_verify_steps": 2, "num_draft_tokens": 8, "num_accepted_tokens": 7, "num_output_tokens": 9}
     assert acceptance_length(totals) == 4.5
     assert counter.take_totals()["num_verify_steps"] == 0
+
+
+def test_steps_recorded_while_probing_reach_the_tally_and_not_the_rollouts_stats():
+    counter = SpecStepCounter(SpeculationGate(threshold=4, buckets=(1,)))
+    counter.record_step(num_running=1, generated_tokens=3, num_drafts=1, num_draft_tokens=4, num_accepted=2)
+    with counter.probing() as tally:
+        counter.record_step(num_running=1, generated_tokens=1)  # the probe's prefill
+        counter.record_step(num_running=1, generated_tokens=5, num_drafts=1, num_draft_tokens=4, num_accepted=4)
+        counter.record_step(num_running=1, generated_tokens=2, num_drafts=1, num_draft_tokens=4, num_accepted=1)
+    counter.record_step(num_running=1, generated_tokens=2, num_drafts=1, num_draft_tokens=4, num_accepted=1)
+    assert (tally.drafted, tally.accepted) == (8, 5)
+    stats, totals = counter.take_stats(), counter.take_totals()
+    assert (stats["steps_plain"], stats["steps_sd"], stats["tokens_sd"]) == (0, 2, 5)
+    assert totals == {"num_verify_steps": 2, "num_draft_tokens": 8, "num_accepted_tokens": 3, "num_output_tokens": 5}

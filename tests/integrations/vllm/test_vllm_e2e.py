@@ -1,8 +1,10 @@
-"""TLT through a real verl run on verl's vLLM rollout (vLLM's CPU build): lossless, trained, robust.
+"""TLT through a real verl run on verl's vLLM rollout (vLLM's CPU build): lossless and trained.
 
 Every job is a real `python -m verl_tlt.main_ppo +cpu=vllm` run (two vLLM replicas, the SFT toy target, greedy
 REINFORCE++, three steps) under a hard timeout, in the vLLM environment (.venv-vllm). The drafter starts from the
-target (tlt.drafter.init=target), as in the torch engine's e2e tests.
+target (tlt.drafter.init=target), as in the torch engine's e2e tests. That a dying drafter worker never stops the
+run is the driver's drafter pool's doing, the same on both rollouts: the real-weights run checks it
+(tests/integrations/verl/test_smollm2_e2e.py).
 """
 
 from __future__ import annotations
@@ -95,13 +97,8 @@ def test_greedy_rollouts_on_vllm_are_identical_with_tlt_on_and_off(world, target
     for before, after in zip(on.metrics, on.metrics[1:], strict=False):
         assert tlt_metrics(after)["tlt/drafter/rollout_version_min"] == tlt_metrics(before)["tlt/drafter/version"]
     assert tlt_metrics(on.metrics[-1])["tlt/drafter/version"] >= 1
-
-
-def test_a_crashing_drafter_worker_does_not_stop_a_vllm_run(world, target, tmp_path):
-    result = run(world, target, tmp_path, tlt=True, env={"VERL_TLT_DRAFTER_FAULT": "exit_on_start=1"})
-    assert [m["step"] for m in result.metrics] == list(range(1, STEPS + 1))
-    log = result.log_path.read_text(errors="replace")
-    assert "TLT drafter worker" in log and "The RL run continues" in log
-    last = tlt_metrics(result.metrics[-1])
-    assert last["tlt/drafter/worker_failures"] >= 1
-    assert all(tlt_metrics(m)["tlt/sd/step_share"] > 0 for m in result.metrics)
+    # The replicas self-tested their drafter (after the loads, and at the wake-ups no load had tested), with probe
+    # requests that left every rollout above identical.
+    tests = [tlt_metrics(m) for m in on.metrics if "tlt/drafter/self_test_runs" in m]
+    assert sum(t["tlt/drafter/self_test_runs"] for t in tests) >= 1, [tlt_metrics(m) for m in on.metrics]
+    assert all(0.0 <= t["tlt/drafter/self_test_accept_rate"] <= 1.0 for t in tests if t["tlt/drafter/self_test_runs"])

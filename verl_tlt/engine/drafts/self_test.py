@@ -158,7 +158,11 @@ class DrafterSelfTest:
             return Verdict(True)
         if self.sequences is None:
             self.sequences = continue_greedily(engine, self.probes, self.tokens)
-        score = probe_acceptance(engine, self.sequences, [len(p) for p in self.probes])
+        return self.record(probe_acceptance(engine, self.sequences, [len(p) for p in self.probes]))
+
+    def record(self, score: ProbeScore) -> Verdict:
+        """Judge `score` (however the backend measured it) against the last passing drafter's and count it; a passing
+        score becomes the reference."""
         reason = judge(score, self.reference, self.min_ratio)
         self.runs += 1
         self.seconds += score.seconds

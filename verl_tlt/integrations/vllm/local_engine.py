@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl_tlt.config import SpeculativeConfig
+from verl_tlt.engine.drafts.self_test import DrafterSelfTest, Verdict
 from verl_tlt.integrations.vllm.engine_setup import TLT_WORKER_EXTENSION, cpu_engine_env, speculative_engine_args
+from verl_tlt.integrations.vllm.self_test import probe_vllm_drafter
 from verl_tlt.integrations.vllm.spec_stats import SpecStepCounter, stat_logger_factory
 
 # A generate call that finishes nothing for this long is treated as a hung engine (the toy's calls take seconds).
@@ -137,6 +139,15 @@ class LocalVllmEngine:
     def load_drafter(self, path: str, version: int) -> list[dict]:
         """Load the export at `path` into every worker's drafter in place; each worker's result."""
         return self._loop.run_until_complete(self.engine.collective_rpc("tlt_load_drafter", args=(path, version)))
+
+    def self_test(self, test: DrafterSelfTest) -> Verdict:
+        """The replicas' drafter self-test (``vllm.self_test``) on the drafter this engine runs now."""
+
+        async def request(prompt: list[int], tokens: int) -> Generation:
+            return await self._generate([prompt], tokens, 0.0, None, False)
+
+        probe = probe_vllm_drafter(test, self.counter, request)
+        return self._loop.run_until_complete(asyncio.wait_for(probe, GENERATE_TIMEOUT_S))
 
     def take_stats(self, reset: bool = True) -> dict:
         return self.counter.take_stats(reset)

@@ -14,11 +14,19 @@ sleep/wake, abort, the HTTP app) is verl's. What it adds:
 - ``update_drafter(state, version)``: the drafter's weights become an export in a node-local directory and every
   worker loads them in place (``TLTWorkerExtension.tlt_load_drafter``); a failed load leaves the previous
   drafter running and raises, which the trainer logs.
+- The drafter's self-test (``vllm.self_test``, ``tlt.drafter.self_test_*``) before each rollout's first request,
+  so it sees the weights, the drafter and the awake engine that rollout will use, whatever verl's sleep, wake-up and
+  weight sync did in between (on CPU, where the engine never sleeps, verl calls no wake-up at all). A version loaded
+  since the last rollout that fails is refused: the previous one is loaded back. A drafter that passed before and
+  fails now is reloaded from its files (what a sleep that lost its weights needs) and tested again; vLLM cannot
+  switch speculation off in a running engine, so one that still fails keeps drafting until the next version
+  (outputs stay exact; only speed suffers), logged as an error and counted as refused.
 - ``target_shared_weights()``: the target's current embedding and LM head, for the drafter trainers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import logging
 import os
@@ -31,10 +39,12 @@ from verl.workers.rollout.vllm_rollout import vllm_async_server
 from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer
 
 from verl_tlt.config import rollout_tlt_view
+from verl_tlt.engine.drafts.self_test import DrafterSelfTest, Verdict
 from verl_tlt.integrations.control.bookkeeping import RolloutBookkeeping
 from verl_tlt.integrations.vllm.compat import check_vllm_supports_tlt
 from verl_tlt.integrations.vllm.drafter_files import drafter_root
 from verl_tlt.integrations.vllm.engine_setup import TLT_WORKER_EXTENSION, cpu_engine_env, speculative_engine_args
+from verl_tlt.integrations.vllm.self_test import DrafterExports, probe_vllm_drafter
 from verl_tlt.integrations.vllm.spec_stats import SpecStepCounter, stat_logger_factory
 from verl_tlt.metrics.rollout_trace import RolloutTrace
 
@@ -54,9 +64,14 @@ class TLTvLLMHttpServer(RolloutBookkeeping, vLLMHttpServer):
         self.trace = RolloutTrace(self.replica_rank)
         self.last_rollout: dict[str, Any] | None = None
         self._in_flight = 0
-        self._drafter_version: int | None = None
-        self._drafter_dir: Path | None = None
         self._root = drafter_root(self.replica_rank)
+        drafter = self.tlt.drafter
+        max_len = self.config.max_model_len or self.config.prompt_length + self.config.response_length
+        self._self_test = DrafterSelfTest(drafter.self_test_tokens, drafter.self_test_min_ratio, max_len)
+        self._self_test_lock = asyncio.Lock()
+        self._self_test_runs = 0  # for the probes' request ids
+        self._test_due = False  # a rollout ended (or a drafter loaded) since the last test: test before the next one
+        self._exports: DrafterExports | None = None  # set with the start-up drafter
         # The exports can be large for a large target (and live in RAM under /dev/shm): gone with the server.
         atexit.register(shutil.rmtree, self._root, ignore_errors=True)
 
@@ -77,12 +92,12 @@ class TLTvLLMHttpServer(RolloutBookkeeping, vLLMHttpServer):
                 )
         from verl_tlt.drafter.initial import initial_drafter_export
 
-        self._drafter_dir = initial_drafter_export(
-            self.tlt.drafter.init, self.model_config.local_path, self._root / "initial"
+        self._exports = DrafterExports(
+            initial_drafter_export(self.tlt.drafter.init, self.model_config.local_path, self._root / "initial"),
+            INITIAL_VERSION,
         )
-        self._drafter_version = INITIAL_VERSION
         engine_kwargs.update(
-            speculative_engine_args(self.tlt.speculative, str(self._drafter_dir), self.config.max_num_seqs)
+            speculative_engine_args(self.tlt.speculative, str(self._exports.folder), self.config.max_num_seqs)
         )
         engine_kwargs["disable_log_stats"] = False  # the spec-decode stats reach stat loggers only with it
         if _is_cpu_build():
@@ -90,7 +105,7 @@ class TLTvLLMHttpServer(RolloutBookkeeping, vLLMHttpServer):
         logger.info(
             "TLT vLLM server %d: drafter %s, speculative_config %s",
             self.replica_rank,
-            self._drafter_dir,
+            self._exports.folder,
             engine_kwargs["speculative_config"],
         )
 
@@ -112,13 +127,18 @@ class TLTvLLMHttpServer(RolloutBookkeeping, vLLMHttpServer):
         # Load the start-up drafter's weights into every worker, even though vLLM was given its directory: with
         # verl's default rollout.load_format=dummy vLLM initialises the drafter randomly too. The load also leaves a
         # CPU copy in each worker, so a level-2 sleep cannot lose it.
-        await self.engine.collective_rpc("tlt_load_drafter", args=(str(self._drafter_dir), INITIAL_VERSION))
+        await self.engine.collective_rpc("tlt_load_drafter", args=(str(self._exports.folder), INITIAL_VERSION))
 
     # ----- requests ----------------------------------------------------------------------------------------------
 
     async def generate(
         self, prompt_ids: list[int], sampling_params: dict[str, Any], request_id: str, *args: Any, **kwargs: Any
     ):
+        if self._test_due:
+            async with self._self_test_lock:  # every request waits for the test; the first one runs it
+                if self._test_due:
+                    await self._self_test_before_rollout()
+        self._self_test.remember(prompt_ids)  # its probe: the first prompt served (a no-op once it has one)
         self.trace.on_submit()
         self._in_flight += 1
         try:
@@ -134,11 +154,12 @@ class TLTvLLMHttpServer(RolloutBookkeeping, vLLMHttpServer):
     async def sleep(self) -> None:
         # The rollout phase is over when verl sleeps the replicas: close this replica's record of it first.
         self._close_rollout(validation=False)
+        self._test_due = self._self_test.enabled
         await super().sleep()
 
     def _close_rollout(self, validation: bool) -> None:
         self.trace.sd_totals = self.counter.take_totals()
-        record = self._close_rollout_record({"drafter_version": self._drafter_version}, validation)
+        record = self._close_rollout_record({"drafter_version": self.drafter_version()}, validation)
         if record is not None:
             record.pop("engine_busy_s", None)  # vLLM does not report its step times: no number rather than a 0
 
@@ -148,32 +169,97 @@ class TLTvLLMHttpServer(RolloutBookkeeping, vLLMHttpServer):
         self.counter.take_stats(reset=True)
 
     def sd_stats(self, reset: bool = True) -> dict[str, Any]:
-        return self.counter.take_stats(reset)
+        stats = self.counter.take_stats(reset)
+        if self._self_test.enabled:
+            stats["self_test"] = self._self_test.take() if reset else self._self_test.counts()
+        return stats
 
     # ----- drafter -------------------------------------------------------------------------------------------------
 
     def drafter_version(self) -> int | None:
-        return self._drafter_version
+        return self._exports.version if self._exports is not None else None
 
     async def update_drafter(self, state: dict[str, torch.Tensor], version: int) -> bool:
         """Load drafter weights `version` (an ``EagleDrafterModel`` state dict) into every worker; False if loaded."""
-        if version == self._drafter_version:
+        if version == self._exports.version:
             return False
         from verl_tlt.integrations.vllm.drafter_files import export_drafter_state
 
         folder = self._root / f"v{version}"
         export_drafter_state(state, self.model_config.hf_config, folder, version)
-        results = await self.engine.collective_rpc("tlt_load_drafter", args=(str(folder), version))
-        loaded = [r for r in results or [] if r and r.get("version") == version]
-        if not loaded:
-            raise RuntimeError(f"TLT: no vLLM worker of replica {self.replica_rank} reported drafter version {version}")
-        previous, self._drafter_dir, self._drafter_version = self._drafter_dir, folder, version
-        if previous is not None and previous.parent == self._root and previous.name != "initial":
-            shutil.rmtree(previous, ignore_errors=True)
+        loaded = await self._load_into_workers(folder, version)
+        # Tested before the next rollout; the last tested drafter's files stay until this one passes.
+        self._remove_exports(self._exports.loaded(folder, version))
+        if self._self_test.enabled:
+            self._test_due = True
+        else:
+            self._remove_exports(self._exports.tested(passed=True)[1])
         logger.info(
             "TLT vLLM server %d: drafter version %d loaded (%d workers)", self.replica_rank, version, len(loaded)
         )
         return True
+
+    async def _load_into_workers(self, folder: Path, version: int) -> list[dict]:
+        results = await self.engine.collective_rpc("tlt_load_drafter", args=(str(folder), version))
+        loaded = [r for r in results or [] if r and r.get("version") == version]
+        if not loaded:
+            raise RuntimeError(f"TLT: no vLLM worker of replica {self.replica_rank} reported drafter version {version}")
+        return loaded
+
+    async def _self_test_drafter(self) -> Verdict:
+        """The self-test on the drafter the workers run now, through the stock generate (none of this server's
+        rollout bookkeeping sees the probe). Call with nothing else in flight."""
+
+        async def probe(prompt_ids: list[int], tokens: int) -> Any:
+            self._self_test_runs += 1
+            params = {"temperature": 0.0, "max_tokens": tokens, "ignore_eos": True}
+            request_id = f"tlt-self-test-{self.replica_rank}-{self._self_test_runs}"
+            return await vLLMHttpServer.generate(self, prompt_ids, params, request_id)
+
+        return await probe_vllm_drafter(self._self_test, self.counter, probe)
+
+    async def _self_test_before_rollout(self) -> None:
+        """Test the drafter the rollout is about to use; refuse a new version that fails, repair an old one that
+        fails (see the module's doc)."""
+        verdict = await self._self_test_drafter()
+        refused = self._exports.version
+        fallback, unused = self._exports.tested(verdict.passed)
+        if fallback is not None:
+            await self._load_into_workers(*fallback)
+            logger.warning(
+                "TLT vLLM server %d: drafter version %s refused by the self-test (%s); back to version %s",
+                self.replica_rank,
+                refused,
+                verdict.reason,
+                self._exports.version,
+            )
+        elif not verdict.passed:
+            logger.warning(
+                "TLT vLLM server %d: drafter version %s failed its self-test (%s); reloading it from %s",
+                self.replica_rank,
+                self._exports.version,
+                verdict.reason,
+                self._exports.folder,
+            )
+            await self._load_into_workers(self._exports.folder, self._exports.version)
+            verdict = await self._self_test_drafter()
+            if not verdict.passed:
+                logger.error(
+                    "TLT vLLM server %d: drafter version %s fails its self-test after a reload too (%s); it keeps "
+                    "drafting until the next version (vLLM cannot switch speculation off in a running engine: "
+                    "outputs stay exact, only speed suffers)",
+                    self.replica_rank,
+                    self._exports.version,
+                    verdict.reason,
+                )
+        self._remove_exports(unused)
+        self._test_due = False
+
+    def _remove_exports(self, folders: list[Path]) -> None:
+        """Delete pushed versions' exports (never the start-up drafter's, which a refusal may fall back to)."""
+        for folder in folders:
+            if folder.parent == self._root and folder.name != "initial":
+                shutil.rmtree(folder, ignore_errors=True)
 
     async def target_shared_weights(self) -> dict[str, torch.Tensor]:
         """The target's embedding (and LM head unless tied) under transformers names, whole (TP shards joined)."""

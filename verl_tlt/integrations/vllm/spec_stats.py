@@ -14,17 +14,30 @@ A step that verified drafts is speculative; one that generated tokens without ve
 size of a speculative step is the number of drafts it verified (vLLM's running count, reported after the step,
 can include requests that arrived meanwhile); of a plain step, the running requests vLLM reports with it. Seconds
 per step are not reported by vLLM and stay 0. ``record_step`` is pure (no vLLM import) so tests can drive it.
+
+While ``probing()``, steps count toward a ``ProbeTally`` instead: the drafter's self-test runs one request of its own
+through the engine, and what it drafted and had accepted must not reach the rollout's stats.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from verl_tlt.metrics.rollout_trace import SD_COUNTERS
 from verl_tlt.policy import DecodeStats, SpeculationGate
 from verl_tlt.spec.strategy import SpecStrategy
+
+
+@dataclass
+class ProbeTally:
+    """Draft tokens verified and accepted while probing (the self-test's request alone)."""
+
+    drafted: int = 0
+    accepted: int = 0
 
 
 class SpecStepCounter:
@@ -38,6 +51,21 @@ class SpecStepCounter:
         self.totals = dict.fromkeys(SD_COUNTERS, 0)
         self.accepted_per_position: list[int] = []
         self.max_sd_rows = 0  # most drafts one speculative step verified since the last take: its batch size
+        self._probe: ProbeTally | None = None
+
+    @contextmanager
+    def probing(self) -> Iterator[ProbeTally]:
+        """Steps recorded inside go to the returned tally, not to the stats or totals. The caller runs nothing else
+        on the engine meanwhile: vLLM records each step before it hands the step's outputs on, so the probe's last
+        step is in the tally when its request returns."""
+        tally = ProbeTally()
+        with self._lock:
+            self._probe = tally
+        try:
+            yield tally
+        finally:
+            with self._lock:
+                self._probe = None
 
     def record_step(
         self,
@@ -49,6 +77,10 @@ class SpecStepCounter:
         accepted_per_position: Sequence[int] = (),
     ) -> None:
         with self._lock:
+            if self._probe is not None:
+                self._probe.drafted += num_draft_tokens
+                self._probe.accepted += num_accepted
+                return
             self.totals["num_output_tokens"] += generated_tokens
             if num_drafts > 0:
                 k = round(num_draft_tokens / num_drafts)
