@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from verl_tlt.quickstart.recipe import GRPOSettings, QuickstartInputs
+from verl_tlt.quickstart.recipe import REAL_MODEL_TLT_OVERRIDES, GRPOSettings, QuickstartInputs
 
 logger = logging.getLogger(__name__)
 
@@ -35,4 +35,5 @@ def prepare_real_model(model: str, cache: Path, data_dir: Path, settings: GRPOSe
         reward_fn=reward.__file__,
         reward_name="compute_score",
         max_prompt_length=data["max_prompt_length"],
+        tlt_overrides=tuple(REAL_MODEL_TLT_OVERRIDES),
     )

@@ -61,10 +61,15 @@ class GRPOSettings:
     rollout: str = "torch"  # or "vllm": verl's vLLM rollout on vLLM's CPU build (+cpu=vllm)
 
 
-# A real model's job, sized so that its five runs fit the quickstart's time on 2 cores (docs/benchmarks.md): fewer,
-# smaller steps than the toy's (a SmolLM2 response token costs about 30x a toy one), at GRPO's usual lr for a small
+# A real model's job, sized by one measured step so that its five runs fit about 35 minutes on 2 cores
+# (docs/benchmarks.md): SmolLM2's TLT-off GRPO step of 4 x 4 answers up to 256 tokens took 88-119 s there (rollout
+# 35-52 s, actor update 35 s) and a verl job about a minute to start, so 3 steps a run. GRPO's usual lr for a small
 # instruct model.
-REAL_MODEL_SETTINGS = GRPOSettings(steps=4, batch_size=4, group_size=4, max_response_length=256, lr=1e-6)
+REAL_MODEL_SETTINGS = GRPOSettings(steps=3, batch_size=4, group_size=4, max_response_length=256, lr=1e-6)
+# The drafter workers score the online and the initial drafter on each step's captures while verl updates the actor
+# (`tlt/drafter/eval_*`); over a 49k vocabulary one drafter's score of 1024 positions took 41 s on one core (the
+# shared-noise draws are most of it), which kept the trainer waiting 37-63 s a step. 256 positions: about 13 s.
+REAL_MODEL_TLT_OVERRIDES = ["tlt.drafter.eval_max_pairs=256"]
 
 
 def settings_for(model: str) -> GRPOSettings:
