@@ -84,3 +84,30 @@ def test_the_quickstart_fails_when_equal_weights_gave_different_responses(
     assert code == exit_code
     assert ("IDENTITY VIOLATED" in capsys.readouterr().out) is bool(violations)
     assert (tmp_path / "summary.json").is_file()
+
+
+def test_a_real_models_inputs_carry_its_tlt_settings_into_every_run(tmp_path, monkeypatch):
+    """The model, its tasks and its drafter come from their builders; its TLT overrides reach the runs' overrides."""
+    import contextlib
+
+    import verl_tlt.models.prepare as prepare
+    import verl_tlt.tasks.dataset as dataset
+    import verl_tlt.tasks.drafter as task_drafter
+    from verl_tlt.quickstart.real_model import prepare_real_model
+    from verl_tlt.quickstart.recipe import REAL_MODEL_TLT_OVERRIDES, quickstart_overrides
+
+    monkeypatch.setattr(prepare, "ensure_model", lambda model, cache=None: tmp_path / "model")
+    files = {"train": tmp_path / "t.parquet", "val": tmp_path / "v.parquet", "max_prompt_length": 99}
+    monkeypatch.setattr(dataset, "grpo_task_files", lambda actor, out, rows: files)
+    monkeypatch.setattr(task_drafter, "ensure_task_drafter", lambda model, cache=None: tmp_path / "drafter")
+
+    class Timer:
+        def stage(self, name):
+            return contextlib.nullcontext()
+
+    settings = settings_for("smollm2-135m")
+    inputs = prepare_real_model("smollm2-135m", tmp_path, tmp_path / "data", settings, Timer())
+    assert (inputs.actor, inputs.drafter, inputs.max_prompt_length) == (tmp_path / "model", tmp_path / "drafter", 99)
+    overrides = quickstart_overrides(inputs, settings)
+    assert all(o in overrides for o in REAL_MODEL_TLT_OVERRIDES) and REAL_MODEL_TLT_OVERRIDES
+    assert f"tlt.drafter.init={tmp_path / 'drafter'}" in overrides

@@ -236,3 +236,20 @@ def test_rows_carry_the_rollout_share_of_the_step_and_the_shape_of_its_tail():
     assert row["tail_last_10pct_share"] == 0.0
     assert (row["tail_response_len_p50"], row["tail_response_len_max"]) == (14.0, 200.0)
     assert "compact_share" not in row  # a real model's responses have no toy style
+
+
+def test_the_table_shows_the_rollouts_share_and_the_tail_and_the_compact_share_only_for_the_toy():
+    runs = {
+        "baseline": _rows([4.0, 5.0], None),
+        "tlt": _rows([3.0, 4.0], [2.0, 2.0]),
+        "frozen": _rows([3.5, 3.5], [2.0, 2.0]),
+    }
+    for name in runs:
+        for row in runs[name]:
+            row["rollout_share"] = row["rollout_s"] / row["step_s"]
+    runs["baseline"][0].update(tail_response_len_p50=77.0, tail_response_len_p90=256.0, tail_response_len_max=256.0)
+    header, _, first, second = format_table(runs).splitlines()
+    assert "rollout % base/tlt" in header and "tokens p50/p90/max" in header and "compact share" not in header
+    assert "40%/30%" in first and "77/256/256" in first and "-/-/-" in second
+    runs["tlt"][0]["compact_share"] = 0.25
+    assert "compact share" in format_table(runs).splitlines()[0]

@@ -32,12 +32,13 @@ def plot_comparison(runs: dict[str, list[dict]], out: Path) -> Path:
     _plot_series(
         accept_ax, runs["tlt"], "drafter_eval_frozen_est_acceptance_length", "v--", "same samples: initial (estimate)"
     )
-    share_ax = accept_ax.twinx()
-    for name, color in (("tlt", "gray"), ("frozen", "tab:orange")):
-        _plot_series(share_ax, runs[name], "compact_share", ":", f"compact share, {name} run", color=color)
-    share_ax.set_ylabel("share of compact-style responses (the drift)")
-    share_ax.set_ylim(0, 1)
-    share_ax.legend(loc="lower left", fontsize=7)
+    if any(r.get("compact_share") is not None for r in runs["tlt"]):  # the toy's drift; a real model has none
+        share_ax = accept_ax.twinx()
+        for name, color in (("tlt", "gray"), ("frozen", "tab:orange")):
+            _plot_series(share_ax, runs[name], "compact_share", ":", f"compact share, {name} run", color=color)
+        share_ax.set_ylabel("share of compact-style responses (the drift)")
+        share_ax.set_ylim(0, 1)
+        share_ax.legend(loc="lower left", fontsize=7)
     accept_ax.set_xlabel("RL step")
     accept_ax.set_ylabel("acceptance length (tokens per verify step)")
     accept_ax.set_title("Drafter acceptance as the policy drifts")

@@ -234,19 +234,37 @@ def group_drafts_headline(runs: dict[str, list[dict]], group_run: str, eagle_run
 
 
 def format_table(runs: dict[str, list[dict]]) -> str:
+    """The per-step comparison: rollout and step seconds, the rollout's share of the step (what TLT can shorten),
+    acceptance, the response-length tail (p50/p90/max tokens: the same samples in every run, so the baseline's), the
+    compact share (the toy's drift; only where the responses are the toy's) and the reward."""
+    toy = any(r.get("compact_share") is not None for r in runs["tlt"])
     header = (
-        f"{'step':>4} | {'rollout s base/tlt':>18} | {'step s base/tlt':>15} | {'accept online/frozen':>20} | "
-        f"{'compact share':>13} | {'reward':>6}"
+        f"{'step':>4} | {'rollout s base/tlt':>18} | {'step s base/tlt':>15} | {'rollout % base/tlt':>18} | "
+        f"{'accept online/frozen':>20} | {'tokens p50/p90/max':>18} | "
+        + (f"{'compact share':>13} | " if toy else "")
+        + f"{'reward':>6}"
     )
     lines = [header, "-" * len(header)]
     for base, tlt, frozen in zip(runs["baseline"], runs["tlt"], runs["frozen"], strict=False):
+        shares = "/".join(_percent(r.get("rollout_share")) for r in (base, tlt))
+        tail = "/".join(_count(base.get(f"tail_response_len_{key}")) for key in ("p50", "p90", "max"))
         lines.append(
             f"{base['step']:>4} | {_fmt(base.get('rollout_s'))}/{_fmt(tlt.get('rollout_s')):<8} | "
-            f"{_fmt(base['step_s'], 6)}/{_fmt(tlt['step_s']):<8} | "
+            f"{_fmt(base['step_s'], 6)}/{_fmt(tlt['step_s']):<8} | {shares:>18} | "
             f"{_fmt(tlt.get('sd_acceptance_length'), 9)}/{_fmt(frozen.get('sd_acceptance_length')):<10} | "
-            f"{_fmt(tlt.get('compact_share'), 13)} | {_fmt(tlt.get('reward_mean'), 6)}"
+            f"{tail:>18} | "
+            + (f"{_fmt(tlt.get('compact_share'), 13)} | " if toy else "")
+            + f"{_fmt(tlt.get('reward_mean'), 6)}"
         )
     return "\n".join(lines)
+
+
+def _percent(share: float | None) -> str:
+    return f"{100 * share:.0f}%" if isinstance(share, (int, float)) else "-"
+
+
+def _count(value: float | None) -> str:
+    return f"{value:.0f}" if isinstance(value, (int, float)) else "-"
 
 
 def _fmt(value: float | None, width: int = 9) -> str:
