@@ -122,3 +122,30 @@ def test_with_drafts_the_comparison_gets_its_own_defaults(monkeypatch, no_subjec
     config = calls[0][1]
     assert config == GroupBenchConfig(drafts=("suffix", "mixed"))
     assert calls[0][2] == ("toy", "default")
+
+
+def test_the_bench_runs_on_a_subjects_target_and_drafter_with_the_sampling_asked(tmp_path):
+    """`run`, as `bench sd drafts` calls it: the subject's folders and prompts, its own config beside the engine's."""
+    from verl_tlt.drafter.export import export_eagle
+
+    build_tiny_model("qwen2", tmp_path / "target", weight_std=0.2)
+    engine = RolloutEngine.from_pretrained(str(tmp_path / "target"))
+    exported = export_eagle(EagleDrafterModel.from_target(engine.model), tmp_path / "drafter")
+
+    class Subject:
+        target, drafter = tmp_path / "target", exported
+
+        def prompts(self, num: int, seed: int) -> list[list[int]]:
+            return [[5 + i, 9 + 2 * i, 40 + 3 * i] for i in range(num)]
+
+        def about(self) -> dict[str, str]:
+            return {"model": "tiny"}
+
+    config = GroupBenchConfig(
+        shapes=("2_1_2",), temperatures=(1.0,), batch_sizes=(1,), group_size=2, rounds=1, max_tokens=16
+    )
+    result = group_sd_bench.run(None, config, Subject(), sampling="rejection")
+    assert result["model"] == "tiny" and result["sampling"] == "rejection"
+    # Rejection sampling matches plain in distribution, not token for token: only the rows' presence is checked here.
+    assert [row["source"] for row in result["rows"]] == ["eagle", "suffix", "mixed"]
+    assert all(row["tail_tokens"] > 0 for row in result["rows"])

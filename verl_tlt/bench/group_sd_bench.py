@@ -296,9 +296,8 @@ def run(
     sampling: str = "keyed",
 ) -> dict:
     """The comparison on the subject's target and warmed-up drafter; prints rows, optionally writes JSON."""
-    config = EngineConfig(sampling=sampling)
     engine = RolloutEngine.from_pretrained(
-        str(subject.target), config=config, drafter=str(subject.drafter), device=device
+        str(subject.target), config=EngineConfig(sampling=sampling), drafter=str(subject.drafter), device=device
     )
     prompts = subject.prompts(config.num_prompts, PROBLEM_SEED)
     return measure(json_path, engine, prompts, config, **subject.about(), device=device)
