@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from verl_tlt.quickstart.summary import STEP_PARTS
+from verl_tlt.quickstart.summary import STEP_PARTS, shows_toy_drift
 
 
 def plot_comparison(runs: dict[str, list[dict]], out: Path) -> Path:
@@ -32,7 +32,7 @@ def plot_comparison(runs: dict[str, list[dict]], out: Path) -> Path:
     _plot_series(
         accept_ax, runs["tlt"], "drafter_eval_frozen_est_acceptance_length", "v--", "same samples: initial (estimate)"
     )
-    if any(r.get("compact_share") is not None for r in runs["tlt"]):  # the toy's drift; a real model has none
+    if shows_toy_drift(runs):
         share_ax = accept_ax.twinx()
         for name, color in (("tlt", "gray"), ("frozen", "tab:orange")):
             _plot_series(share_ax, runs[name], "compact_share", ":", f"compact share, {name} run", color=color)

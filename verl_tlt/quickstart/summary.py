@@ -237,7 +237,7 @@ def format_table(runs: dict[str, list[dict]]) -> str:
     """The per-step comparison: rollout and step seconds, the rollout's share of the step (what TLT can shorten),
     acceptance, the response-length tail (p50/p90/max tokens: the same samples in every run, so the baseline's), the
     compact share (the toy's drift; only where the responses are the toy's) and the reward."""
-    toy = any(r.get("compact_share") is not None for r in runs["tlt"])
+    toy = shows_toy_drift(runs)
     header = (
         f"{'step':>4} | {'rollout s base/tlt':>18} | {'step s base/tlt':>15} | {'rollout % base/tlt':>18} | "
         f"{'accept online/frozen':>20} | {'tokens p50/p90/max':>18} | "
@@ -257,6 +257,11 @@ def format_table(runs: dict[str, list[dict]]) -> str:
             + f"{_fmt(tlt.get('reward_mean'), 6)}"
         )
     return "\n".join(lines)
+
+
+def shows_toy_drift(runs: dict[str, list[dict]]) -> bool:
+    """Whether the TLT run's rows carry the toy's compact share (a real model's responses have no such style)."""
+    return any(r.get("compact_share") is not None for r in runs["tlt"])
 
 
 def _percent(share: float | None) -> str:

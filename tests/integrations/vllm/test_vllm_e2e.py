@@ -97,8 +97,8 @@ def test_greedy_rollouts_on_vllm_are_identical_with_tlt_on_and_off(world, target
     for before, after in zip(on.metrics, on.metrics[1:], strict=False):
         assert tlt_metrics(after)["tlt/drafter/rollout_version_min"] == tlt_metrics(before)["tlt/drafter/version"]
     assert tlt_metrics(on.metrics[-1])["tlt/drafter/version"] >= 1
-    # The replicas self-tested their drafter (after the loads, and at the wake-ups no load had tested), with probe
-    # requests that left every rollout above identical.
+    # The replicas self-tested their drafter (before each rollout after the first: the one that follows a sleep or
+    # a drafter load), with probe requests that left every rollout above identical.
     tests = [tlt_metrics(m) for m in on.metrics if "tlt/drafter/self_test_runs" in m]
     assert sum(t["tlt/drafter/self_test_runs"] for t in tests) >= 1, [tlt_metrics(m) for m in on.metrics]
     assert all(0.0 <= t["tlt/drafter/self_test_accept_rate"] <= 1.0 for t in tests if t["tlt/drafter/self_test_runs"])

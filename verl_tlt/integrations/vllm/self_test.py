@@ -63,9 +63,6 @@ class DrafterExports:
         if self.fallback is None:
             self.fallback = (previous, self.version)
         self.folder, self.version = folder, version
-        if previous == self.fallback[0]:
-            return []
-        return [previous]
         return [] if previous == self.fallback[0] else [previous]
 
     def tested(self, passed: bool) -> tuple[tuple[Path, int] | None, list[Path]]:
