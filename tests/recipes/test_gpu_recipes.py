@@ -359,14 +359,16 @@ def test_slurm_script_starts_ray_on_every_node_then_the_recipe_on_the_head(fake_
     # The Ray steps run in the background: their lines come in any order.
     starts = sorted(call for call in calls if call.startswith("ray start"))
     assert starts == [
-        "ray start --address=10.0.0.7:6379 --num-gpus=8 --block",
-        "ray start --address=10.0.0.7:6379 --num-gpus=8 --block",
-        "ray start --address=10.0.0.7:6379 --num-gpus=8 --block",
-        "ray start --head --node-ip-address=10.0.0.7 --port=6379 --num-gpus=8 --block",
+        "ray start --address=10.0.0.7:6379 --num-gpus=8 --num-cpus=64 --block",
+        "ray start --address=10.0.0.7:6379 --num-gpus=8 --num-cpus=64 --block",
+        "ray start --address=10.0.0.7:6379 --num-gpus=8 --num-cpus=64 --block",
+        "ray start --head --node-ip-address=10.0.0.7 --port=6379 --num-gpus=8 --num-cpus=64 --block",
     ]
     ray_steps = sorted(call for call in calls if call.startswith("srun") and "ray start" in call)
     assert [call.split(" -w ")[1].split()[0] for call in ray_steps] == ["node1", "node2", "node3", "node4"]
-    assert "--head" in ray_steps[0] and all("--gpus-per-node=8" in call for call in ray_steps)
+    assert "--head" in ray_steps[0] and all("--gpus-per-node=8 --cpus-per-task=64" in call for call in ray_steps)
+    header = (RECIPES / "slurm_32b.sbatch").read_text()
+    assert "#SBATCH --cpus-per-task=64" in header and "#SBATCH --mem=0" in header
     assert [call for call in calls if "-w node" in call and "bash" in call] == [
         f"srun --nodes=1 --ntasks=1 --overlap -w node1 env RAY_ADDRESS=10.0.0.7:6379 NNODES=4 GPUS_PER_NODE=8 "
         f"PYTHON={fake_tools['PYTHON']} bash {RECIPES / 'grpo_qwen2.5_32b_tlt.sh'} trainer.total_training_steps=2"

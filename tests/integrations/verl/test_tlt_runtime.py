@@ -228,3 +228,20 @@ def test_drafter_workers_start_beside_their_replicas_with_the_configured_nicenes
     assert [kwargs["num_threads"] for _, kwargs in started] == [2, 2]
     assert all(options["num_cpus"] == 0 for options, _ in started)
     assert started[1][1]["checkpoint_dir"] == str(tmp_path / "tlt_spot" / "worker_1")
+
+
+def test_a_failed_refresh_of_the_workers_policy_head_is_logged_counted_and_retried(runtime, caplog):
+    server = FakeServer()
+
+    def export_fails():
+        raise OSError("No space left on device: /dev/shm/verl-tlt")
+
+    server.target_shared_weights = Remote(export_fails)
+    runtime.servers = [server]
+    runtime._push_target_weights()  # must not raise: the RL step goes on
+    assert runtime._worker_targets_stale  # the next capture retries
+    assert runtime.pop_metrics()["tlt/drafter/target_refresh_failures"] == 1.0
+    assert "No space left on device" in caplog.text and "next step retries" in caplog.text
+    server.target_shared_weights = Remote(lambda: {"model.embed_tokens.weight": "policy"})
+    runtime._push_target_weights()
+    assert not runtime._worker_targets_stale and runtime.pool.calls[-1][0] == "targets"

@@ -47,3 +47,29 @@ def test_the_engine_argument_names_the_drafter_and_the_deepest_k():
     assert "num_speculative_tokens_per_batch_size" not in build_speculative_config(
         SpeculativeConfig(), "/d", 64, dynamic=False
     )
+
+
+def test_the_policy_schedule_lists_every_chain_k_and_plain_so_vllm_prepares_each():
+    from verl_tlt.integrations.vllm.speculative_config import policy_schedule
+
+    speculative = SpeculativeConfig(threshold=32)
+    schedule = policy_schedule(speculative, max_num_seqs=256)
+    assert schedule == [[1, 1, 8], [2, 2, 6], [3, 3, 4], [4, 32, 2], [33, 256, 0]]
+    assert {k for _, _, k in schedule} == {*chain_depths(speculative), 0}
+
+
+def test_the_policy_schedule_stays_valid_for_vllm_when_chains_outnumber_the_speculating_batch_sizes():
+    from verl_tlt.integrations.vllm.speculative_config import policy_schedule
+
+    schedule = policy_schedule(SpeculativeConfig(threshold=2), max_num_seqs=3)
+    assert schedule == [[1, 1, 8], [2, 2, 6], [3, 3, 4], [4, 4, 2], [5, 5, 0]]
+    # vLLM's rules (validate_and_normalize_dynamic_sd_schedule): starts at 1, positive, sorted, no overlap.
+    assert schedule[0][0] == 1
+    assert all(first <= last for first, last, _ in schedule)
+    assert all(prev[1] < nxt[0] for prev, nxt in zip(schedule, schedule[1:], strict=False))
+
+
+def test_the_engine_argument_of_an_adaptive_engine_carries_the_policy_schedule():
+    speculative = SpeculativeConfig(strategies=("4_1_4", "2_1_2"), threshold=4)
+    config = build_speculative_config(speculative, "/d", 8, adaptive=True)
+    assert config["num_speculative_tokens_per_batch_size"] == [[1, 1, 4], [2, 4, 2], [5, 8, 0]]

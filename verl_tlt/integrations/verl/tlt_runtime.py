@@ -277,9 +277,27 @@ class TLTRuntime:
                 self.metrics[f"tlt/drafter/{key}"] = float(last[key])
 
     def _push_target_weights(self) -> None:
-        """The policy's embedding and LM head (shared with the drafter) from a replica to every drafter worker."""
-        shared = ray.get(self.servers[0].target_shared_weights.remote())
-        self.pool.update_target_weights(shared)
+        """The policy's embedding and LM head (shared with the drafter) from a replica to every drafter worker.
+
+        A refresh that fails (the replica's export, a full /dev/shm or object store, a timeout) is logged and
+        counted in tlt/drafter/target_refresh_failures, and retried at the next capture: until then the workers
+        train against the previous policy's head, which slows the drafter's tracking, never the rollout.
+        """
+        try:
+            shared = ray.get(self.servers[0].target_shared_weights.remote(), timeout=DRAFTER_SYNC_TIMEOUT_S)
+            self.pool.update_target_weights(shared)
+        except Exception as error:  # a drafter-side refresh must never fail the RL step
+            self._worker_targets_stale = True
+            self.metrics["tlt/drafter/target_refresh_failures"] = (
+                self.metrics.get("tlt/drafter/target_refresh_failures", 0.0) + 1
+            )
+            logger.error(
+                "TLT: refreshing the drafter workers' copy of the policy's embedding and LM head failed (%s: %s); "
+                "they keep the previous one and the next step retries",
+                type(error).__name__,
+                error,
+            )
+            return
         self._rollout_shared = shared  # what the replicas generate the next rollout with
         self._worker_targets_stale = False
 

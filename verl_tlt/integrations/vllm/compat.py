@@ -24,6 +24,10 @@ VLLM_SYMBOLS = (
     "vllm.engine.arg_utils:AsyncEngineArgs",
     "vllm.inputs:TokensPrompt",
     "vllm:SamplingParams",
+    # The adaptive K scheduler (k_scheduler): built on either scheduler, it overrides update_from_output.
+    "vllm.v1.core.sched.scheduler:Scheduler.update_from_output",
+    "vllm.v1.core.sched.async_scheduler:AsyncScheduler",
+    "vllm.v1.request:Request.num_output_tokens",
 )
 VERL_SYMBOLS = (
     "verl.workers.rollout.vllm_rollout.vllm_async_server:vLLMHttpServer._preprocess_engine_kwargs",
@@ -38,6 +42,18 @@ VERL_SYMBOLS = (
 )
 # Speculative-config fields TLT writes.
 SPECULATIVE_FIELDS = ("method", "model", "num_speculative_tokens", "num_speculative_tokens_per_batch_size")
+# Dataclass fields TLT writes or the K scheduler reads, per class.
+FIELDS = {
+    "vllm.config:SpeculativeConfig": SPECULATIVE_FIELDS,
+    "vllm.config:SchedulerConfig": ("scheduler_cls", "async_scheduling"),
+    "vllm.v1.core.sched.output:SchedulerOutput": ("total_num_scheduled_tokens",),
+    "vllm.v1.outputs:ModelRunnerOutput": ("sampled_token_ids",),
+}
+# Instance attributes the K scheduler reads or replaces, per method that must assign them (`self.<name>` in its
+# source: they exist only on instances, so nothing else can check them before an engine starts).
+ASSIGNED = {
+    "vllm.v1.core.sched.scheduler:Scheduler.__init__": ("dynamic_sd_lookup", "running"),
+}
 
 
 def resolve(symbol: str):
@@ -48,25 +64,40 @@ def resolve(symbol: str):
     return obj
 
 
-def missing_features() -> list[str]:
+def missing_features(
+    symbols: tuple[str, ...] = VLLM_SYMBOLS + VERL_SYMBOLS,
+    fields: dict[str, tuple[str, ...]] = FIELDS,
+    assigned: dict[str, tuple[str, ...]] = ASSIGNED,
+) -> list[str]:
     """What this vLLM/verl lacks for TLT (empty when everything is there)."""
     missing = []
-    for symbol in VLLM_SYMBOLS + VERL_SYMBOLS:
+    for symbol in symbols:
         try:
             resolve(symbol)
         except (ImportError, AttributeError):
             missing.append(symbol)
-    if "vllm.v1.engine.async_llm:AsyncLLM.from_vllm_config" not in missing:
+    if "vllm.v1.engine.async_llm:AsyncLLM.from_vllm_config" in symbols and (
+        "vllm.v1.engine.async_llm:AsyncLLM.from_vllm_config" not in missing
+    ):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         if "stat_loggers" not in inspect.signature(AsyncLLM.from_vllm_config).parameters:
             missing.append("AsyncLLM.from_vllm_config(stat_loggers=...)")
-    if "vllm.config:SpeculativeConfig" not in missing:
-        from vllm.config import SpeculativeConfig
-
-        fields = getattr(SpeculativeConfig, "__dataclass_fields__", {})
-        missing += [f"SpeculativeConfig.{name}" for name in SPECULATIVE_FIELDS if name not in fields]
-    return missing
+    for symbol, names in fields.items():
+        try:
+            declared = getattr(resolve(symbol), "__dataclass_fields__", {})
+        except (ImportError, AttributeError):
+            missing.append(symbol)
+            continue
+        missing += [f"{symbol}.{name}" for name in names if name not in declared]
+    for symbol, names in assigned.items():
+        try:
+            source = inspect.getsource(resolve(symbol))
+        except (ImportError, AttributeError, OSError, TypeError):
+            missing.append(symbol)
+            continue
+        missing += [f"{symbol} assigns self.{name}" for name in names if f"self.{name}" not in source]
+    return list(dict.fromkeys(missing))  # a class missing altogether is named once
 
 
 def check_vllm_supports_tlt() -> None:

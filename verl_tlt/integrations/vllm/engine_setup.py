@@ -24,7 +24,8 @@ def speculative_engine_args(
 
     The policy's config is put in this process's environment, which vLLM's engine-core process inherits.
     """
-    args: dict = {"speculative_config": build_speculative_config(speculative, drafter_dir, max_num_seqs)}
+    config = build_speculative_config(speculative, drafter_dir, max_num_seqs, adaptive=adaptive)
+    args: dict = {"speculative_config": config}
     if adaptive:
         os.environ[POLICY_ENV] = policy_env_value(speculative, chain_depths(speculative))
         args["scheduler_cls"] = TLT_SCHEDULER

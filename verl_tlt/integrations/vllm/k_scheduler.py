@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from verl_tlt.config import SpeculativeConfig
@@ -50,17 +51,36 @@ def policy_from_env() -> AdaptivePolicy:
     return AdaptivePolicy(SpeculativeConfig(**values))
 
 
-class PolicyLookup:
-    """Stands in for vLLM's ``dynamic_sd_lookup`` list: ``lookup[n]`` is the K the policy picks for this step."""
+class PolicyLookup(Sequence):
+    """Stands in for vLLM's ``dynamic_sd_lookup`` list: ``lookup[n]`` is the K the policy picks for this step.
 
-    def __init__(self, policy: AdaptivePolicy, scheduler: Any):
-        self.policy, self.scheduler = policy, scheduler
+    vLLM's scheduler indexes its dense table (index = scheduled requests) once per step; that index is what asks the
+    policy. Everything else a list offers (length, iteration, slices, ``in``) reads vLLM's own table, which the
+    engine built from ``policy_schedule`` and which lists every K the policy may pick: code that inspects the table
+    sees what vLLM prepared for, and only the per-step index has the side effect of a choice.
+    """
+
+    def __init__(self, policy: AdaptivePolicy, scheduler: Any, table: Sequence[int]):
+        self.policy, self.scheduler, self.table = policy, scheduler, list(table)
         self.chosen: list[tuple[SpecStrategy | None, int]] = []  # this step's choice, until its step is observed
 
     def decode_batch(self) -> int:
         return sum(1 for request in self.scheduler.running if request.num_output_tokens > 0)
 
-    def __getitem__(self, scheduled: int) -> int:
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.table)
+
+    def __contains__(self, k: object) -> bool:
+        return k in self.table
+
+    def __getitem__(self, scheduled):  # int -> the policy's K now; slice -> vLLM's table
+        if isinstance(scheduled, slice):
+            return self.table[scheduled]
+        if not -len(self.table) <= scheduled < len(self.table):
+            raise IndexError(f"batch size {scheduled} is outside vLLM's schedule (max {len(self.table) - 1})")
         batch = self.decode_batch()
         strategy = self.policy.select(batch) if batch > 0 else None
         self.chosen.append((strategy, batch))
@@ -71,8 +91,9 @@ def _with_policy(base: type) -> type:
     class TLTPolicyScheduler(base):
         def __init__(self, *args: Any, **kwargs: Any):
             super().__init__(*args, **kwargs)
-            self.tlt_lookup = PolicyLookup(policy_from_env(), self)
-            if getattr(self, "dynamic_sd_lookup", None) is None:
+            table = getattr(self, "dynamic_sd_lookup", None)
+            self.tlt_lookup = PolicyLookup(policy_from_env(), self, table or [])
+            if table is None:
                 # A vLLM without a per-step K lookup: keep its behaviour (the static schedule, if it has one).
                 logger.warning(
                     "TLT: this vLLM's scheduler has no dynamic_sd_lookup; K follows the static per-batch-size schedule "

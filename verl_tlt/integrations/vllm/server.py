@@ -42,7 +42,7 @@ from verl_tlt.config import rollout_tlt_view
 from verl_tlt.engine.drafts.self_test import DrafterSelfTest, Verdict
 from verl_tlt.integrations.control.bookkeeping import RolloutBookkeeping
 from verl_tlt.integrations.vllm.compat import check_vllm_supports_tlt
-from verl_tlt.integrations.vllm.drafter_files import drafter_root
+from verl_tlt.integrations.vllm.drafter_files import drafter_root, exchange_bytes
 from verl_tlt.integrations.vllm.engine_setup import TLT_WORKER_EXTENSION, cpu_engine_env, speculative_engine_args
 from verl_tlt.integrations.vllm.self_test import DrafterExports, probe_vllm_drafter
 from verl_tlt.integrations.vllm.spec_stats import SpecStepCounter, stat_logger_factory
@@ -64,7 +64,7 @@ class TLTvLLMHttpServer(RolloutBookkeeping, vLLMHttpServer):
         self.trace = RolloutTrace(self.replica_rank)
         self.last_rollout: dict[str, Any] | None = None
         self._in_flight = 0
-        self._root = drafter_root(self.replica_rank)
+        self._root = drafter_root(self.replica_rank, exchange_bytes(self.model_config.hf_config))
         drafter = self.tlt.drafter
         max_len = self.config.max_model_len or self.config.prompt_length + self.config.response_length
         self._self_test = DrafterSelfTest(drafter.self_test_tokens, drafter.self_test_min_ratio, max_len)

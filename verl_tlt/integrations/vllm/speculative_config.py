@@ -5,6 +5,12 @@ requests run the engine speculates; above it, K=0 (vLLM's dynamic SD schedule,
 ``num_speculative_tokens_per_batch_size``, whose K=0 still runs the drafter's first pass, so its KV stays in sync
 and switching SD back on needs no re-prefill). The static schedule uses the deepest chain wherever the gate
 speculates; the adaptive K scheduler (``k_scheduler``) refines K per batch-size bucket when vLLM allows it.
+
+With the adaptive scheduler the schedule's values are not what runs (the policy picks each step's K), but they are
+what vLLM prepares for: its V2 GPU model runner captures CUDA graphs for the K values the schedule lists (one
+verification length per K), so a K the policy picks and the schedule does not list would run without a graph.
+``policy_schedule`` therefore lists every chain K and 0. (vLLM's V1 runner instead downgrades verl's
+FULL_AND_PIECEWISE cudagraph mode to PIECEWISE for any per-batch-size schedule: docs/vllm.md.)
 """
 
 from __future__ import annotations
@@ -47,15 +53,43 @@ def static_schedule(speculative: SpeculativeConfig, max_num_seqs: int, k: int) -
     ]
 
 
+def policy_schedule(speculative: SpeculativeConfig, max_num_seqs: int) -> list[list[int]]:
+    """The schedule for an engine whose K the adaptive policy picks: every chain K in a range of its own and K=0
+    above, so vLLM prepares (captures graphs for) each K the policy may choose.
+
+    The deepest chains take the smallest batch sizes and the shallowest runs up to the threshold, the policy's usual
+    preference (deeper drafts pay where fewer requests share a step); with fewer speculating batch sizes than chains
+    the rest take the next batch sizes. The K=0 range starts after them, even past `max_num_seqs` (vLLM's lookup stops
+    at its largest batch, but still prepares every listed K).
+    """
+    depths = chain_depths(speculative)
+    last_sd = max(min(speculative.threshold, max_num_seqs), len(depths))
+    schedule = [[size, size, k] for size, k in enumerate(depths[:-1], start=1)]
+    schedule.append([len(depths), last_sd, depths[-1]])
+    schedule.append([last_sd + 1, max(max_num_seqs, last_sd + 1), 0])
+    return schedule
+
+
 def build_speculative_config(
-    speculative: SpeculativeConfig, drafter_dir: str, max_num_seqs: int, *, dynamic: bool = True
+    speculative: SpeculativeConfig,
+    drafter_dir: str,
+    max_num_seqs: int,
+    *,
+    dynamic: bool = True,
+    adaptive: bool = False,
 ) -> dict:
     """The ``speculative_config`` engine argument: EAGLE-1 from `drafter_dir`, K up to the deepest chain.
 
     dynamic=False (a vLLM without the per-batch-size schedule) speculates at every batch size; the caller says so.
+    adaptive: TLT's scheduler picks K per step (``policy_schedule``); else the deepest chain up to the threshold.
     """
     depths = chain_depths(speculative)
     config: dict = {"method": "eagle", "model": drafter_dir, "num_speculative_tokens": depths[0]}
     if dynamic:
-        config["num_speculative_tokens_per_batch_size"] = static_schedule(speculative, max_num_seqs, depths[0])
+        schedule = (
+            policy_schedule(speculative, max_num_seqs)
+            if adaptive
+            else static_schedule(speculative, max_num_seqs, depths[0])
+        )
+        config["num_speculative_tokens_per_batch_size"] = schedule
     return config

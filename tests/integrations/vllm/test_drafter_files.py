@@ -1,0 +1,45 @@
+"""Where a vLLM replica exchanges drafter files: /dev/shm only when it has room (pure; no vLLM needed)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from verl_tlt.integrations.vllm.drafter_files import exchange_base, exchange_bytes
+
+
+def _config(vocab: int, hidden: int, tied: bool, dtype=torch.bfloat16):
+    return SimpleNamespace(
+        model_type="qwen2",
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        tie_word_embeddings=tied,
+        torch_dtype=dtype,
+    )
+
+
+def test_the_exchange_holds_the_policy_head_in_its_dtype_and_three_fp32_drafters():
+    tied, untied = exchange_bytes(_config(1000, 64, True)), exchange_bytes(_config(1000, 64, False))
+    assert untied - tied == 1000 * 64 * 2  # an untied LM head doubles the shared part, 2 bytes a bf16 weight
+    shared_fp32 = exchange_bytes(_config(1000, 64, True, torch.float32)) - tied
+    assert shared_fp32 == 1000 * 64 * 2  # fp32 weights take twice the bytes
+    assert tied > 1000 * 64 * 2 + 3 * 4 * (2 * 64 * 64)  # ... plus three drafters, fc (2h x h) at least
+
+
+def test_shm_is_used_only_when_writable_and_roomy(tmp_path):
+    shm, fallback = tmp_path / "shm", tmp_path / "tmp"
+    shm.mkdir()
+    base, why = exchange_base(100, shm=shm, fallback=fallback, free_bytes=lambda _: 1000)
+    assert base == shm and "needed" in why
+    base, why = exchange_base(64 << 20, shm=shm, fallback=fallback, free_bytes=lambda _: 32 << 20)
+    assert base == fallback and "MiB free, the drafter exchange needs 64 MiB" in why  # Docker's default /dev/shm
+    base, why = exchange_base(1, shm=tmp_path / "missing", fallback=fallback)
+    assert base == fallback and "not a writable directory" in why
