@@ -268,6 +268,15 @@ class DrafterConfig:
             "1-4, so its cost grows with this. 0 = no per-step scores."
         },
     )
+    eval_max_seconds: float = field(
+        default=20.0,
+        metadata={
+            "help": "The per-step scores stop after this many seconds, over the samples scored so far (the online "
+            "and frozen drafters on the same ones; tlt/drafter/eval_samples says how many): the step's end waits for "
+            "them. A score still running after the drafter call timeout is reported late, never a reason to drop "
+            "the worker. 0 = no limit."
+        },
+    )
     draft_vocab_size: int = field(
         default=8192,
         metadata={
@@ -393,7 +402,7 @@ class DrafterConfig:
             raise ValueError(
                 f"{path}.depth_decay must be in (0, 1], got {self.depth_decay}; e.g. {path}.depth_decay=0.8"
             )
-        for key in ("hidden_loss_weight", "logit_loss_weight", "input_noise", "memory_budget_gib"):
+        for key in ("hidden_loss_weight", "logit_loss_weight", "input_noise", "memory_budget_gib", "eval_max_seconds"):
             if not (math.isfinite(getattr(self, key)) and getattr(self, key) >= 0):
                 raise ValueError(f"{path}.{key} must be finite and >= 0, got {getattr(self, key)}")
         if self.hidden_loss_weight == 0 and self.logit_loss_weight == 0:

@@ -358,3 +358,29 @@ def test_a_worker_holds_the_targets_embedding_head_and_last_layer_only(varied_qw
     features = torch.randn(2, full.spec.hidden_size, generator=torch.Generator().manual_seed(0))
     assert torch.equal(from_parts.logits(features), from_full.logits(features))
     assert torch.equal(parts.model.embed_tokens.weight, full.model.embed_tokens.weight)
+
+
+def test_scores_stop_at_eval_max_seconds_with_both_drafters_on_the_same_samples(varied_qwen2, samples):
+    """The time bound cuts between sample groups, never between the online and the frozen drafter."""
+    from verl_tlt.drafter.evaluate import evaluate_drafter, evaluate_within
+
+    worker = make_worker(varied_qwen2[0])
+    models = {"online": worker.spot.trainer.model, "frozen": worker.frozen}
+    ticks = iter(range(100))  # each clock read is a second later: the bound runs out after the first group
+    scores, scored = evaluate_within(models, samples, 48, max_seconds=0.5, clock=lambda: float(next(ticks)))
+    assert scored == 2  # the first group: two samples within 48 tokens
+    first_group_pairs = sum(s.num_loss_pairs for s in samples[:2])
+    assert scores["online"]["num_pairs"] == scores["frozen"]["num_pairs"] == first_group_pairs
+    # Unbounded, group by group, the merge equals one evaluation of everything on the per-pair means that use no
+    # noise (the noise restarts per group, so the shared-noise estimates differ slightly).
+    merged, scored = evaluate_within(models, samples, 48, max_seconds=0)
+    whole = evaluate_drafter(models["online"], samples, 48)
+    assert scored == len(samples) and merged["online"]["num_pairs"] == whole["num_pairs"]
+    for key in ("top1_accuracy", "accept_prob", "est_acceptance_length", "chain_greedy_acceptance_length"):
+        assert merged["online"][key] == pytest.approx(whole[key]), key
+
+
+def test_evaluate_reports_what_it_scored_and_how_long_it_took(varied_qwen2, samples):
+    scores = make_worker(varied_qwen2[0]).evaluate(samples)
+    assert scores["samples"] == len(samples) and scores["seconds"] > 0
+    assert scores["online_num_pairs"] == scores["frozen_num_pairs"] == sum(s.num_loss_pairs for s in samples)

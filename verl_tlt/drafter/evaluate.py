@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import torch
 
 from verl_tlt.drafter.model import EagleDrafterModel
@@ -132,6 +135,60 @@ def _coupled_agreement(draft_logits: torch.Tensor, target_probs: torch.Tensor, g
         gumbel = -torch.log(-torch.log(uniform))
         agree += ((draft_log_probs + gumbel).argmax(-1) == (target_log_probs + gumbel).argmax(-1)).float()
     return agree / COUPLING_DRAWS
+
+
+# Per-pair means among evaluate_drafter's keys (merged across groups by their pairs); the est_* keys follow from them.
+_MEAN_KEYS = (
+    "top1_accuracy",
+    "accept_prob",
+    "coupled_accept_prob",
+    "chain_acceptance_length",
+    "chain_greedy_acceptance_length",
+)
+
+
+def evaluate_within(
+    models: dict[str, EagleDrafterModel],
+    samples: list,
+    max_tokens_per_batch: int,
+    max_seconds: float,
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[dict[str, dict[str, float]], int]:
+    """`evaluate_drafter` for every model on the same samples, a group of about `max_tokens_per_batch` tokens at a
+    time, until `max_seconds` have passed (0 = no limit; the first group is always scored); (scores per model over
+    the groups scored, samples scored).
+
+    Group by group, so each model is scored on exactly the samples the others were, whatever the time bound cut;
+    the shared noise restarts per group (the same for every model).
+    """
+    begin = clock()
+    groups: list[list] = [[]]
+    for sample in samples:
+        if groups[-1] and sum(s.num_tokens for s in groups[-1]) + sample.num_tokens > max_tokens_per_batch:
+            groups.append([])
+        groups[-1].append(sample)
+    parts: dict[str, list[dict[str, float]]] = {name: [] for name in models}
+    scored = 0
+    for group in groups:
+        if scored and max_seconds > 0 and clock() - begin >= max_seconds:
+            break
+        for name, model in models.items():
+            parts[name].append(evaluate_drafter(model, group, max_tokens_per_batch))
+        scored += len(group)
+    return {name: merge_scores(found) for name, found in parts.items()}, scored
+
+
+def merge_scores(parts: list[dict[str, float]]) -> dict[str, float]:
+    """`evaluate_drafter` scores of disjoint sample groups as one score over all their pairs."""
+    parts = [part for part in parts if part.get("num_pairs")]
+    if not parts:
+        return {}
+    pairs = sum(part["num_pairs"] for part in parts)
+    merged = {key: sum(part[key] * part["num_pairs"] for part in parts) / pairs for key in _MEAN_KEYS}
+    merged["est_acceptance_length"] = estimated_acceptance_length(merged["accept_prob"], ESTIMATE_DEPTH)
+    merged["est_coupled_acceptance_length"] = estimated_acceptance_length(merged["coupled_accept_prob"], ESTIMATE_DEPTH)
+    merged["num_pairs"] = pairs
+    return merged
 
 
 def subsample_for_evaluation(samples: list, max_pairs: int) -> list:

@@ -23,7 +23,7 @@ import torch
 
 from verl_tlt.config import DrafterConfig
 from verl_tlt.drafter.data import DrafterSample
-from verl_tlt.drafter.evaluate import evaluate_drafter, subsample_for_evaluation
+from verl_tlt.drafter.evaluate import evaluate_within, subsample_for_evaluation
 from verl_tlt.drafter.memory_budget import MemoryBudget, budget_bytes
 from verl_tlt.drafter.model import EagleDrafterModel
 from verl_tlt.drafter.spot import SpotTrainer
@@ -95,11 +95,21 @@ class DrafterWorker:
             raise RuntimeError("DrafterWorker.evaluate while spot training runs; stop() first")
         if self.config.eval_max_pairs == 0:
             return {}
+        begin = time.monotonic()
         samples = subsample_for_evaluation(samples, self.config.eval_max_pairs)
-        tokens = self.config.max_tokens_per_batch
-        online = evaluate_drafter(self.spot.trainer.model, samples, tokens)
-        frozen = evaluate_drafter(self.frozen, samples, tokens)
-        return {**{f"online_{k}": v for k, v in online.items()}, **{f"frozen_{k}": v for k, v in frozen.items()}}
+        models = {"online": self.spot.trainer.model, "frozen": self.frozen}
+        scores, scored = evaluate_within(
+            models, samples, self.config.max_tokens_per_batch, self.config.eval_max_seconds
+        )
+        if scored < len(samples):
+            logger.info(
+                "Drafter scores on %d of %d samples: tlt.drafter.eval_max_seconds=%s ran out",
+                scored,
+                len(samples),
+                self.config.eval_max_seconds,
+            )
+        flat = {f"{name}_{key}": value for name, found in scores.items() for key, value in found.items()}
+        return {**flat, "samples": float(scored), "seconds": time.monotonic() - begin}
 
     def start(self) -> bool:
         """Begin spot training in the background; False when already running or the buffer is empty."""

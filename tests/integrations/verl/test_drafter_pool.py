@@ -26,6 +26,8 @@ class FakeWorker:
 
     def evaluate(self, samples):
         self.calls.append("evaluate")
+        if "slow" in samples:  # a score that outlasts the pool's call timeout
+            time.sleep(3)
         # Scored before this worker holds the samples: the order of queued calls is kept.
         return {"held_before": float(len(self.samples)), "version": float(self.version)}
 
@@ -168,3 +170,20 @@ def test_an_unreadable_checkpoint_keeps_every_worker_and_its_drafter(workers):
     assert pool.load("/ckpt/corrupt", 7, 100) is False
     assert pool.alive == [True, True, True] and pool.status()["version"] == 0
     assert pool.load("/ckpt/step_2", 7, 100) is True and pool.status()["version"] == 7
+
+
+def test_a_slow_score_is_late_not_a_lost_worker(workers):
+    pool = DrafterPool(workers, call_timeout_s=0.5)
+    pool.score_and_add(["slow"])
+    assert pool.settle() is None and pool.late_scores == 1
+    assert all(pool.alive) and pool.failures == 0  # busy scoring is not dead
+    assert pool.busy(0) and pool.start([0]) is None  # no burst queues behind the late score
+    assert pool.status() is None  # the owner's last status (none yet): a status call would queue behind too
+    pool.score_and_add([1])  # the next step's samples are added; it is not scored while the last score runs
+    deadline = time.monotonic() + 30
+    while pool.busy(0):
+        assert time.monotonic() < deadline, "the slow score never finished"
+        time.sleep(0.1)
+    assert pool.settle() is None  # the late score is stale by now: dropped, not reported as this step's
+    assert all(pool.alive) and ray.get(workers[0].get_calls.remote()).count("evaluate") == 1
+    assert pool.start([0]) == 0  # free again

@@ -2,7 +2,8 @@
 
 Every worker holds the same data buffer (samples are broadcast); the owner is the worker that trained last and
 holds the authoritative drafter. Starting training on another worker first hands the training state over, so the
-drafter has one history. A worker that dies or stops answering is dropped and logged; if it was the owner, the
+drafter has one history. A worker that dies or stops answering is dropped and logged (one still finishing a slow
+score is busy, not lost: `settle` carries its calls over and nothing else queues behind them); if it was the owner, the
 next worker continues from the last published weights (what the rollout replicas already run). With no workers
 left, spot training is off for the rest of the run and the replicas keep their last drafter: the RL run never
 fails because of the drafter.
@@ -43,6 +44,9 @@ class DrafterPool:
         self._saving: int | None = None
         self._pending: list[tuple[int, Any]] = []  # (rank, call) queued by score_and_add
         self._scoring: tuple[int, Any] | None = None
+        self._late = False  # the pending score missed its step's settle
+        self._last_status: dict | None = None
+        self.late_scores = 0
         self._lock = threading.RLock()
 
     @property
@@ -56,25 +60,60 @@ class DrafterPool:
         live worker adds the same samples in the same order. `settle()` collects the outcome.
 
         Off the trainer's critical path: a worker runs its calls in order, so everything queued here is done
-        before the worker's next call (e.g. a spot-training start) runs.
+        before the worker's next call (e.g. a spot-training start) runs. While an earlier score is still running
+        (`settle` found it late) this step is not scored: its samples are only added.
         """
         if not samples:
             return
         with self._lock:
             ref = ray.put(samples)
-            if self.alive[self.owner]:
+            if self.alive[self.owner] and not self._late:
                 self._scoring = (self.owner, self.workers[self.owner].evaluate.remote(ref))
             for rank, worker in self._live():
                 self._pending.append((rank, worker.add_samples.remote(ref)))
 
     def settle(self) -> dict | None:
-        """Wait for the queued calls; the owner's scores of the last `score_and_add`, if any."""
+        """Wait for the queued calls; the owner's scores of the last `score_and_add`, if any.
+
+        A score not back within the call timeout is late, not a failure: the worker is busy scoring (its score is
+        time-bounded, `tlt.drafter.eval_max_seconds`), and only a worker that died is dropped. Its score and the
+        calls queued behind it stay pending (collected, or dropped as stale, by a later settle), counted in
+        `late_scores`, and no burst starts on it until they are done.
+        """
         with self._lock:
+            if self._scoring is not None:
+                rank, call = self._scoring
+                ready, _ = ray.wait([call], timeout=self.call_timeout_s)
+                if not ready and self.alive[rank]:
+                    self.late_scores += 1
+                    logger.warning(
+                        "TLT drafter worker %d has not finished scoring the drafter within %.0f s; the step goes on "
+                        "without its score (the worker is kept and finishes it)",
+                        rank,
+                        self.call_timeout_s,
+                    )
+                    self._late = True
+                    return None
+                scores = self._get(rank, call)
+                self._scoring = None
+                if self._late:  # a score that arrived after its step was reported: stale
+                    self._late, scores = False, None
+            else:
+                scores = None
             pending, self._pending = self._pending, []
             for rank, call in pending:
                 self._get(rank, call)
-            scoring, self._scoring = self._scoring, None
-            return self._get(*scoring) if scoring is not None else None
+            return scores
+
+    def busy(self, rank: int) -> bool:
+        """Whether calls queued on `rank` by score_and_add are still running (a late score)."""
+        calls = [call for r, call in self._pending if r == rank]
+        if self._scoring is not None and self._scoring[0] == rank:
+            calls.append(self._scoring[1])
+        if not calls:
+            return False
+        ready, _ = ray.wait(calls, num_returns=len(calls), timeout=0)
+        return len(ready) < len(calls)
 
     def update_target_weights(self, named_tensors: dict) -> None:
         with self._lock:
@@ -90,8 +129,10 @@ class DrafterPool:
                 return None
             self.settle()
             for rank in idle_replicas:
-                if not self.alive[rank]:
+                if not self.alive[rank] or self.busy(rank):
                     continue
+                if rank != self.owner and self.alive[self.owner] and self.busy(self.owner):
+                    continue  # the hand-over would queue behind the owner's late score
                 if rank != self.owner and not self._hand_over(rank):
                     continue
                 started = self._get(rank, self.workers[rank].start.remote())
@@ -113,15 +154,19 @@ class DrafterPool:
             return status
 
     def status(self) -> dict | None:
+        """The owner's status; while it finishes a late score, the last one it gave (a call would queue behind)."""
         with self._lock:
             if not self.alive[self.owner]:
                 return None
-            return self._get(self.owner, self.workers[self.owner].status.remote())
+            if self.busy(self.owner):
+                return self._last_status
+            self._last_status = self._get(self.owner, self.workers[self.owner].status.remote())
+            return self._last_status
 
     def latest_weights(self) -> tuple[int, dict] | None:
         """(version, weights) of the owner's last good drafter; kept as the fallback if the owner dies."""
         with self._lock:
-            if not self.alive[self.owner]:
+            if not self.alive[self.owner] or self.busy(self.owner):
                 return self.published
             result = self._get(self.owner, self.workers[self.owner].weights.remote())
             if result is not None:
@@ -134,6 +179,9 @@ class DrafterPool:
         """Start the owner's asynchronous checkpoint into `directory`; wait_for_save() completes it."""
         with self._lock:
             if not self.alive[self.owner]:
+                return False
+            if self.busy(self.owner):
+                logger.warning("TLT drafter worker %d is still scoring; the drafter is not saved this time", self.owner)
                 return False
             self._saving = self.owner
             return self._get(self.owner, self.workers[self.owner].save.remote(directory), ok=True)
@@ -166,7 +214,10 @@ class DrafterPool:
         """Call `method` on every live worker at once, then wait for each (losing the ones that fail)."""
         calls = {rank: getattr(worker, method).remote(*args) for rank, worker in self._live()}
         for rank, call in calls.items():
-            self._get(rank, call)
+            if self.busy(rank):  # it runs after the late score (a worker's calls keep their order): collected later
+                self._pending.append((rank, call))
+            else:
+                self._get(rank, call)
 
     def _hand_over(self, rank: int) -> bool:
         begin = time.monotonic()

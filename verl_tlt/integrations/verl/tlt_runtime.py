@@ -261,6 +261,7 @@ class TLTRuntime:
                 "tlt/drafter/worker_failures": float(self.pool.failures),
                 "tlt/drafter/handoff_s": self.pool.handoff_seconds,
                 "tlt/drafter/memory_stops": float(status.get("memory_stops", 0)),
+                "tlt/drafter/eval_late": float(self.pool.late_scores),
             }
         )
         if status.get("resident_gib") is not None:
