@@ -353,6 +353,16 @@ class DrafterConfig:
             "embedding and LM head once per step."
         },
     )
+    device: str = field(
+        default="auto",
+        metadata={
+            "help": "Where each drafter worker trains: auto = on the GPU of the rollout replica whose drain starts "
+            "the burst (its first GPU; the engine frees its KV cache first and has it back before the next rollout), "
+            "or on the host CPU where the replica has none; cpu = always the host CPU; cuda = the replica's GPU, an "
+            "error where it has none. Between bursts the drafter and its optimizer live in host memory, and scores "
+            "run there."
+        },
+    )
     cpu_niceness: int = field(
         default=10,
         metadata={
@@ -422,6 +432,10 @@ class DrafterConfig:
             )
         if not self.init:
             raise ValueError(f"{path}.init must be 'target' or a drafter directory, got an empty string")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(
+                f"{path}.device={self.device!r} is not one of ['auto', 'cpu', 'cuda']; e.g. {path}.device=auto"
+            )
         if self.record_dir and not self.train:
             raise ValueError(
                 f"{path}.record_dir={self.record_dir!r} records what is captured for training, and "

@@ -189,3 +189,84 @@ def test_a_burst_over_its_memory_budget_ends_keeps_its_steps_and_frees_the_oldes
     memory.over = 10  # still over before the next burst: it does not start
     assert trainer.start(max_steps=1) is False and trainer.status()["memory_stops"] == 2
     assert len(trainer.trainer.buffer) == 0  # everything it could give back went
+
+
+class DeviceMoves:
+    """Stands in for the trainer's device moves on a CPU-only host: records where each burst puts the drafter."""
+
+    def __init__(self, spot_trainer: SpotTrainer, monkeypatch):
+        self.moves: list[str] = []
+        self.freed = 0
+        monkeypatch.setattr(spot_trainer.trainer, "to_device", lambda device: self.moves.append(str(device)))
+        import verl_tlt.drafter.spot as spot_module
+
+        def count_free():
+            self.freed += 1
+
+        monkeypatch.setattr(spot_module, "free_caches", count_free)
+
+
+def _wait_for_a_step(spot_trainer: SpotTrainer) -> None:
+    deadline = time.monotonic() + 60
+    while spot_trainer.trainer.global_step == 0:
+        assert time.monotonic() < deadline, "hang guard: no training step within 60 s"
+        time.sleep(0.005)
+
+
+@pytest.mark.parametrize("ending", ["stop", "no_data", "error", "out_of_memory"])
+def test_every_burst_onloads_to_its_device_and_offloads_to_the_host_however_it_ends(varied_qwen2, monkeypatch, ending):
+    engine = RolloutEngine.from_pretrained(str(varied_qwen2[0]))
+    spot_trainer = SpotTrainer(
+        EagleDrafterModel.from_target(engine.model), DrafterConfig(lr=1e-3, max_tokens_per_batch=64), device="cuda:0"
+    )
+    assert spot_trainer.host == torch.device("cpu") and spot_trainer.device == torch.device("cuda:0")
+    spot_trainer.add_samples(samples(engine))
+    moves = DeviceMoves(spot_trainer, monkeypatch)
+    if ending in ("error", "out_of_memory"):
+        error = torch.OutOfMemoryError("CUDA out of memory (injected)") if ending == "out_of_memory" else ValueError()
+
+        def fail(batch):
+            raise error
+
+        monkeypatch.setattr(spot_trainer.trainer, "train_step", fail)
+    assert spot_trainer.start(max_steps=None if ending == "stop" else 10_000)
+    if ending == "stop":
+        _wait_for_a_step(spot_trainer)  # the stop lands inside the burst, between optimizer steps
+    elif ending == "no_data":
+        spot_trainer.trainer.buffer.next_batch = lambda tokens: None
+    report = spot_trainer.stop(timeout=60)
+    assert moves.moves == ["cuda:0", "cpu"] and moves.freed >= 1  # onload, then offload and the cache freed
+    status = spot_trainer.status()
+    assert status["device"] == "cuda:0" and status["onload_s"] >= 0 and status["offload_s"] >= 0
+    if ending == "stop":
+        assert report.stopped_by == "stop" and report.steps >= 1 and spot_trainer.version == 1
+    if ending == "out_of_memory":  # ends the burst, counted; the worker stays usable
+        assert report is None and status["memory_stops"] == 1 and "out of memory" in status["last_error"]
+    if ending == "error":
+        assert report is None and status["memory_stops"] == 0 and spot_trainer.version == 0
+
+
+def test_the_trainer_moves_drafter_target_parts_and_moments_and_lists_what_is_off_a_device(spot):
+    trainer, engine = spot
+    trainer.add_samples(samples(engine))
+    trainer.start(max_steps=1)
+    trainer.stop(timeout=60)
+    inner = trainer.trainer
+    assert inner.optimizer.state and inner.tensors_off("cpu") == []
+    assert len(inner.tensors_off("cuda")) >= len(list(inner.model.parameters())) + 2  # + embedding, head moments
+
+
+@pytest.mark.gpu
+def test_nothing_stays_on_the_gpu_after_a_burst(varied_qwen2):
+    engine = RolloutEngine.from_pretrained(str(varied_qwen2[0]))
+    spot_trainer = SpotTrainer(
+        EagleDrafterModel.from_target(engine.model), DrafterConfig(lr=1e-3, max_tokens_per_batch=64), device="cuda"
+    )
+    spot_trainer.add_samples(samples(engine))
+    torch.cuda.synchronize()
+    baseline = torch.cuda.memory_allocated()
+    assert spot_trainer.start(max_steps=3)
+    report = spot_trainer.stop(timeout=120)
+    assert report.steps == 3 and spot_trainer.trainer.tensors_off("cpu") == []
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == baseline  # no tensor of the burst left on the device

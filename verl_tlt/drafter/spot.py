@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -37,11 +38,18 @@ class SpotTrainer:
         seed: int = 0,
         checkpoint_dir: str | Path | None = None,
         memory: MemoryBudget | None = None,
+        device: torch.device | str | None = None,
     ):
         """config: the training recipe and the data buffer's size (`buffer_tokens`); seed: the trainer's;
-        memory: the most this process may hold while it trains (None: no limit)."""
+        memory: the most this process may hold while it trains (None: no limit); device: where bursts train (None:
+        where `model` is). The model lives where it was given between bursts (host memory): each burst moves the
+        drafter, its optimizer and the target parts it shares onto `device` first and back when it ends, then frees
+        the device's cache."""
         config = config or DrafterConfig()
         self.memory = memory
+        self.host = model.fc.weight.device
+        self.device = torch.device(device) if device is not None else self.host
+        self.last_offload: dict[str, float] = {}  # seconds of the last burst's onload and offload
         self.memory_stops = 0  # bursts ended, or not started, over the memory budget or out of memory
         self.trainer = DrafterTrainer(model, DrafterDataBuffer(config.buffer_tokens), config, seed=seed)
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
@@ -125,22 +133,43 @@ class SpotTrainer:
             "draft_vocab_miss": self.trainer.last_draft_vocab_miss,
             "memory_stops": self.memory_stops,
             "resident_gib": self.memory.resident() / 2**30 if self.memory is not None else None,
+            "device": str(self.device),
+            **self.last_offload,
         }
 
     # ----- internals -----------------------------------------------------------------------------------------
 
     def _train(self, max_steps: int | None) -> None:
         stop = _StopOrOverBudget(self._stop, self.memory)
+        timings: dict[str, float] = {}
         try:
+            begin = time.monotonic()
+            self.trainer.to_device(self.device)  # onload (a no-op on the host)
+            timings["onload_s"] = time.monotonic() - begin
             report = self.trainer.train(stop=stop, max_steps=max_steps)
             self._result = {"report": report, "over_budget": stop.over_budget}
         except Exception as error:  # a failing drafter must never kill the RL run
             out_of_memory = is_out_of_memory(error)
             if out_of_memory:
-                logger.warning("Drafter spot training ran out of memory (%s); the burst ends", error)
+                logger.warning("Drafter spot training ran out of memory on %s (%s); the burst ends", self.device, error)
             else:
                 logger.exception("Drafter spot training failed; keeping drafter version %d", self.version)
             self._result = {"error": f"{type(error).__name__}: {error}", "over_budget": out_of_memory}
+        finally:
+            # Offload in this thread, so a stop waits for it and nothing runs on the device after the burst.
+            begin = time.monotonic()
+            self._offload()
+            timings["offload_s"] = time.monotonic() - begin
+            self.last_offload = timings
+
+    def _offload(self) -> None:
+        """Everything back to host memory and the device's cache freed, whatever state the burst ended in."""
+        try:
+            self.trainer.to_device(self.host)
+        except Exception:  # a device that failed mid-move: state_dict copies below still restore the weights
+            logger.exception("Drafter offload to %s failed", self.host)
+        if self.device != self.host:
+            free_caches()
 
     def _relieve_memory(self) -> None:
         """Free caches, then the oldest quarter of the buffered samples at a time, until under the budget."""

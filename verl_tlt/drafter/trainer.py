@@ -88,6 +88,38 @@ class DrafterTrainer:
         self._save_thread: threading.Thread | None = None
         self._save_error: BaseException | None = None  # set by a failed background save, raised by wait_for_save
 
+    # ----- where it trains ------------------------------------------------------------------------------------
+
+    def to_device(self, device: torch.device | str) -> None:
+        """Move the drafter, the target parts it shares (embedding, head) and the optimizer's moments to `device`:
+        a burst's onload to the accelerator and its offload back to host memory. Not while a step runs."""
+        device = torch.device(device)
+        if device == self.device:
+            return
+        self.model.to(device)
+        self.model.target.to(device)
+        for state in self.optimizer.state.values():
+            for key, value in state.items():
+                # AdamW keeps its step count as a 0-d CPU tensor (unless capturable): it stays where it is.
+                if torch.is_tensor(value) and value.dim() > 0:
+                    state[key] = value.to(device)
+        self.model.target.invalidate_weight_caches()  # caches derived from the weights (the draft head's rows)
+        self.device = device
+        self.autocast = autocast_dtype(device) if self.dtype == torch.float32 else None
+
+    def tensors_off(self, device: torch.device | str) -> list[str]:
+        """Names of the tensors this trainer holds that are not on `device` (what an offload must leave empty)."""
+        device = torch.device(device)
+        found = [f"drafter.{n}" for n, t in self.model.state_dict().items() if t.device.type != device.type]
+        found += [f"target.{n}" for n, t in self.model.target.state_dict().items() if t.device.type != device.type]
+        for index, state in enumerate(self.optimizer.state.values()):
+            found += [
+                f"optimizer.{index}.{key}"
+                for key, value in state.items()
+                if torch.is_tensor(value) and value.dim() > 0 and value.device.type != device.type
+            ]
+        return found
+
     # ----- data -----------------------------------------------------------------------------------------------
 
     def add_samples(self, samples: list[DrafterSample]) -> int:
@@ -106,8 +138,9 @@ class DrafterTrainer:
     def _labelled(self, sample: DrafterSample) -> DrafterSample:
         if sample.teacher is not None and sample.teacher.top_k == min(self.config.teacher_top_k, self.vocab_size):
             return sample
-        head = self.model.target.lm_head.weight
-        return sample.labelled(teacher_labels(sample.hidden_states, head, self.config.teacher_top_k))
+        head = self.model.target.lm_head.weight  # on the training device during a burst: label there, keep on host
+        labels = teacher_labels(sample.hidden_states.to(head.device), head, self.config.teacher_top_k)
+        return sample.labelled(labels.to("cpu"))
 
     @property
     def vocab_size(self) -> int:

@@ -55,9 +55,11 @@ class DrafterWorker:
         fault: str | None = None,
         cpu_niceness: int = 0,
         checkpoint_dir: str | None = None,
+        device: str = "cpu",
     ):
         """checkpoint_dir: where every training burst that changed the drafter is checkpointed, asynchronously
-        (`<dir>/latest`); None = no per-burst checkpoints (verl's checkpoints still save the drafter)."""
+        (`<dir>/latest`); None = no per-burst checkpoints (verl's checkpoints still save the drafter). device: where
+        bursts train (`integrations.control.placement`); scores, labels and checkpoints run in host memory."""
         if num_threads:
             torch.set_num_threads(num_threads)
         if cpu_niceness > 0:
@@ -75,7 +77,7 @@ class DrafterWorker:
         self.frozen.attach(self.target)
         self.frozen.requires_grad_(False)
         memory = MemoryBudget(budget_bytes(config.memory_budget_gib))
-        self.spot = SpotTrainer(model, config, seed=seed, checkpoint_dir=checkpoint_dir, memory=memory)
+        self.spot = SpotTrainer(model, config, seed=seed, checkpoint_dir=checkpoint_dir, memory=memory, device=device)
         self._fault = fault if fault is not None else os.environ.get(FAULT_ENV, "")
         self._starts = 0
 

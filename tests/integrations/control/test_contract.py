@@ -24,6 +24,9 @@ def test_the_contract_lists_the_calls_the_runtime_makes():
         "wait_for_drain",
         "pop_last_rollout",
         "end_validation",
+        "accelerator_ids",
+        "free_for_training",
+        "restore_after_training",
     }
 
 

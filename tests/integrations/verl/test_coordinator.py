@@ -30,9 +30,11 @@ class FakePool:
         self.stop_status: dict | None = {"burst_steps": 7, "burst_seconds": 3.5}
         self._lock = threading.Lock()
 
-    def start(self, idle: list[int]) -> int | None:
+    def start(self, idle: list[int], prepare=None) -> int | None:
         with self._lock:
             self.starts.append(list(idle))
+        if prepare is not None and self.start_result is not None:
+            prepare(self.start_result)  # as DrafterPool: for the chosen worker, before it starts
         return self.start_result
 
     def stop(self) -> dict | None:
@@ -235,3 +237,16 @@ def test_poll_errors_are_counted_not_raised():
     metrics = coordinator.finish()
     assert coordinator.poll_errors == 3 and metrics["tlt/spot/poll_errors"] == 3.0
     assert pool.starts == [] and pool.stops == 0
+
+
+def test_the_drained_replica_is_prepared_before_its_burst_and_device_moves_are_reported():
+    clock, prepared = FakeClock(), []
+    pool = FakePool(clock, start_result=2)
+    pool.stop_status = {"burst_steps": 4, "burst_seconds": 2.0, "onload_s": 0.3, "offload_s": 0.4}
+    script = Script([0, 0, 0])
+    coordinator = SpotCoordinator(script, pool, SpotSchedule(3), clock=clock, prepare=prepared.append)
+    run(coordinator, clock, script, [(0, [2, 3, 1]), (1, [2, 3, 0])])
+    assert prepared == [2] and pool.starts == [[2]]  # replica 2 frees its engine's memory for the burst
+    run(coordinator, clock, script, [(2, [0, 0, 0])])
+    metrics = coordinator.finish()
+    assert metrics["tlt/spot/onload_s"] == 0.3 and metrics["tlt/spot/offload_s"] == 0.4

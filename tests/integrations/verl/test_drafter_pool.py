@@ -128,6 +128,13 @@ def test_training_moves_to_the_drained_replica_with_the_owners_state(workers):
     assert pool.start([0, 2]) == 0 and pool.stop()["version"] == 3
 
 
+def test_the_chosen_worker_is_prepared_before_it_starts(workers):
+    pool, prepared = DrafterPool(workers), []
+    pool.score_and_add([1])
+    assert pool.start([2, 1], prepare=prepared.append) == 2
+    assert prepared == [2]  # the chosen one only, before its start
+
+
 def test_nothing_to_train_on_means_no_start(workers):
     pool = DrafterPool(workers)
     assert pool.start([0]) is None and pool.training_on is None

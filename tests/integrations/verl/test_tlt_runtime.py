@@ -191,7 +191,8 @@ def test_record_dir_without_training_is_refused():
         TLTConfig.from_dict({"enabled": True, "drafter": {"record_dir": "/tmp/x", "train": False}})
 
 
-def test_drafter_workers_start_beside_their_replicas_with_the_configured_niceness_and_threads(monkeypatch, tmp_path):
+def start_workers(monkeypatch, tmp_path, replica_devices: list[list[str]], drafter: dict) -> list[tuple[dict, dict]]:
+    """_make_workers against fake Ray and servers reporting `replica_devices`; (actor options, kwargs) per worker."""
     started = []
 
     class FakeActorClass:
@@ -213,21 +214,67 @@ def test_drafter_workers_start_beside_their_replicas_with_the_configured_nicenes
             return SimpleNamespace(get_node_id=lambda: "a" * 56)  # a node id's length (hex of 28 bytes)
 
     monkeypatch.setattr(tlt_runtime, "ray", WorkerRay)
-    tlt = TLTConfig.from_dict({"enabled": True, "drafter": {"cpu_niceness": 3}})
+    tlt = TLTConfig.from_dict({"enabled": True, "drafter": drafter})
     config = SimpleNamespace(
         actor_rollout_ref=SimpleNamespace(rollout=OmegaConf.create({"engine_kwargs": {"torch": {"num_threads": 2}}})),
         trainer=SimpleNamespace(default_local_dir=str(tmp_path)),
     )
     runtime = TLTRuntime(config=config, tlt=tlt)
-    server = SimpleNamespace(__ray_call__=Remote(lambda fn: fn(None)))
-    runtime.servers = [server, server]
-    assert len(runtime._make_workers("target")) == 2
+    runtime.servers = [
+        SimpleNamespace(__ray_call__=Remote(lambda fn: fn(None)), accelerator_ids=Remote(lambda d=d: d))
+        for d in replica_devices
+    ]
+    assert len(runtime._make_workers("target")) == len(replica_devices)
+    return started
+
+
+def test_drafter_workers_start_beside_their_replicas_with_the_configured_niceness_and_threads(monkeypatch, tmp_path):
+    started = start_workers(monkeypatch, tmp_path, [[], []], {"cpu_niceness": 3})
     assert [kwargs["cpu_niceness"] for _, kwargs in started] == [3, 3]
     assert [kwargs["num_threads"] for _, kwargs in started] == [2, 2]  # as many threads as the replica's engine
     assert [kwargs["rank"] for _, kwargs in started] == [0, 1]
-    assert [kwargs["num_threads"] for _, kwargs in started] == [2, 2]
     assert all(options["num_cpus"] == 0 for options, _ in started)
     assert started[1][1]["checkpoint_dir"] == str(tmp_path / "tlt_spot" / "worker_1")
+    # CPU replicas: today's host training, no environment of their own.
+    assert [kwargs["device"] for _, kwargs in started] == ["cpu", "cpu"]
+    assert all("runtime_env" not in options for options, _ in started)
+
+
+def test_drafter_workers_of_gpu_replicas_train_on_their_replicas_first_gpu(monkeypatch, tmp_path):
+    started = start_workers(monkeypatch, tmp_path, [["4", "5"], ["6", "7"]], {})
+    assert [kwargs["device"] for _, kwargs in started] == ["cuda:0", "cuda:0"]
+    envs = [options["runtime_env"]["env_vars"] for options, _ in started]
+    assert [env["CUDA_VISIBLE_DEVICES"] for env in envs] == ["4", "6"]
+    assert all(env["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] == "1" for env in envs)
+    assert all(options["num_cpus"] == 0 and "num_gpus" not in options for options, _ in started)  # the group holds it
+    assert [kwargs["device"] for _, kwargs in start_workers(monkeypatch, tmp_path, [["4"]], {"device": "cpu"})] == [
+        "cpu"
+    ]
+    with pytest.raises(ValueError, match="tlt.drafter.device=cuda, but rollout replica 0 runs on no GPU"):
+        start_workers(monkeypatch, tmp_path, [[]], {"device": "cuda"})
+
+
+def test_a_drained_replica_frees_memory_for_the_burst_and_takes_it_back_before_sleep(runtime, caplog):
+    calls = []
+    servers = [FakeServer(), FakeServer()]
+    for rank, server in enumerate(servers):
+        server.free_for_training = Remote(lambda rank=rank: calls.append(("free", rank)) or rank == 1)
+        server.restore_after_training = Remote(lambda rank=rank: calls.append(("restore", rank)))
+    runtime.servers = servers
+    runtime.coordinator = SimpleNamespace(watching=False)
+    runtime._free_replica(0)  # nothing to free there (e.g. vLLM where verl manages the memory)
+    runtime._free_replica(1)
+    runtime.before_sleep()
+    assert calls == [("free", 0), ("free", 1), ("restore", 1)]  # only what was freed is restored
+    runtime.before_sleep()
+    assert calls[-1] == ("restore", 1) and len(calls) == 3  # once
+
+    def fails():
+        raise RuntimeError("engine dead")
+
+    servers[0].free_for_training = Remote(fails)
+    runtime._free_replica(0)  # logged, never raised: the burst trains in what memory is left
+    assert "could not free memory for the drafter" in caplog.text
 
 
 def test_a_failed_refresh_of_the_workers_policy_head_is_logged_counted_and_retried(runtime, caplog):

@@ -48,6 +48,19 @@ class RolloutControl(Protocol):
         """Keep what verl's validation generated out of the next rollout's record and counters."""
         ...
 
+    def accelerator_ids(self) -> list[str]:
+        """The accelerator ids this replica's engine runs on, as its node's CUDA_VISIBLE_DEVICES names them (empty
+        on CPU): where its drafter worker trains (``control.placement``)."""
+        ...
+
+    def free_for_training(self) -> bool:
+        """The replica has drained: free what the drafter's burst can use (its KV cache); True if anything was."""
+        ...
+
+    def restore_after_training(self) -> None:
+        """Have back what `free_for_training` freed, before the next rollout (a request that comes first does it)."""
+        ...
+
 
 CONTROL_CALLS: tuple[str, ...] = tuple(
     name for name, value in vars(RolloutControl).items() if callable(value) and not name.startswith("_")

@@ -278,6 +278,22 @@ class TorchRolloutServer(RolloutBookkeeping):
         # Slots are rewritten from the prompt on admission; nothing survives between requests.
         return None
 
+    # ----- lending the drained engine's memory to the drafter (control contract) -----------------------------------
+
+    def accelerator_ids(self) -> list[str]:
+        return []  # verl's torch rollout runs on the host CPU
+
+    def free_for_training(self) -> bool:
+        """The replica drained: give its KV cache back to the host for the drafter's burst (True if freed)."""
+        with self._engine_lock:
+            if self.engine.has_unfinished():
+                return False
+            self.engine.release_cache()
+        return True
+
+    def restore_after_training(self) -> None:
+        return None  # the engine allocates its KV cache again at its next request
+
     def release_kv_cache(self) -> None:
         with self._engine_lock:
             if not self.engine.has_unfinished():

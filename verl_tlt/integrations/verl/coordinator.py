@@ -31,8 +31,11 @@ class SpotCoordinator:
         poll_interval_s: float = 0.02,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        prepare: Callable[[int], object] | None = None,
     ):
+        """prepare(rank): called before a burst starts on the drained replica `rank` (frees its engine's memory)."""
         self.in_flight, self.pool, self.schedule = in_flight, pool, schedule
+        self.prepare = prepare
         self.poll_interval_s, self.clock, self.wall_clock = poll_interval_s, clock, wall_clock
         # Wall-clock time the last burst of this rollout had stopped (compared with the replicas' last finish).
         self.stopped_at: float | None = None
@@ -91,7 +94,7 @@ class SpotCoordinator:
             idle = [
                 r for r, (served, n) in enumerate(zip(self.schedule.served, counts, strict=True)) if served and not n
             ]
-            rank = self.pool.start(idle) if self.pool.available else None
+            rank = self.pool.start(idle, self.prepare) if self.pool.available else None
             if rank is None:
                 # Nothing to train on (empty buffer, first step) or no live worker: the idle time stays unused, and
                 # this rollout does not ask again.
@@ -125,6 +128,10 @@ class SpotCoordinator:
             "tlt/spot/poll_errors": float(self.poll_errors),
             "tlt/drafter/burst_steps": float(steps),
         }
+        # Moving the drafter and its optimizer onto the training device and back (0 where it trains on the host).
+        for key in ("onload_s", "offload_s"):
+            if any(key in burst for burst in self._bursts):
+                metrics[f"tlt/spot/{key}"] = max(burst.get(key, 0.0) for burst in self._bursts)
         if steps:
             metrics["tlt/drafter/step_s"] = sum(b.get("burst_seconds", 0.0) for b in self._bursts) / steps
         return metrics

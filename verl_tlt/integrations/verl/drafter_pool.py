@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -122,8 +123,11 @@ class DrafterPool:
 
     # ----- training --------------------------------------------------------------------------------------------
 
-    def start(self, idle_replicas: list[int]) -> int | None:
-        """Start spot training on the first live worker among `idle_replicas`; its rank, or None."""
+    def start(self, idle_replicas: list[int], prepare: Callable[[int], Any] | None = None) -> int | None:
+        """Start spot training on the first live worker among `idle_replicas`; its rank, or None.
+
+        prepare(rank): called once the worker is chosen, before it starts (the runtime frees the drained replica's
+        KV cache there, for the burst to use)."""
         with self._lock:
             if self.training_on is not None:
                 return None
@@ -135,6 +139,8 @@ class DrafterPool:
                     continue  # the hand-over would queue behind the owner's late score
                 if rank != self.owner and not self._hand_over(rank):
                     continue
+                if prepare is not None:
+                    prepare(rank)
                 started = self._get(rank, self.workers[rank].start.remote())
                 if started:
                     self.training_on = rank

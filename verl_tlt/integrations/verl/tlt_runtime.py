@@ -31,6 +31,7 @@ from verl_tlt.drafter.spot_schedule import SpotSchedule
 from verl_tlt.drafter.worker import FAULT_ENV, DrafterWorker
 from verl_tlt.files import write_json
 from verl_tlt.integrations.control.contract import check_rollout_servers
+from verl_tlt.integrations.control.placement import place_worker
 from verl_tlt.integrations.torch_rollout.options import torch_rollout_config
 from verl_tlt.integrations.verl.checkpoint_paths import checkpoint_root, resumed_folder, step_folder
 from verl_tlt.integrations.verl.coordinator import SpotCoordinator
@@ -67,6 +68,7 @@ class TLTRuntime:
         self._worker_targets_stale = False
         self.resume_dir: Path | None = None
         self._drain_calls: list[Any] = []
+        self._freed: set[int] = set()  # replicas that freed their engine's memory for a burst this rollout
         # For tlt.drafter.record_dir: the step being captured, and the policy's shared weights that its rollout
         # used (None until the first push: the initial target's).
         self._capture_step = 0
@@ -115,7 +117,11 @@ class TLTRuntime:
         self.pool = DrafterPool(self._make_workers(target_path))
         schedule = SpotSchedule(replicas_count, min(min_idle, replicas_count))
         self.coordinator = SpotCoordinator(
-            self._in_flight, self.pool, schedule, poll_interval_s=self.tlt.drafter.poll_interval_s
+            self._in_flight,
+            self.pool,
+            schedule,
+            poll_interval_s=self.tlt.drafter.poll_interval_s,
+            prepare=self._free_replica,
         )
         if self.resume_dir is not None:
             self._restore(self.resume_dir)
@@ -134,11 +140,19 @@ class TLTRuntime:
         workers = []
         for rank, server in enumerate(self.servers):
             node = ray.get(server.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()))
+            # On the replica's node, on its GPU where it has one (control.placement: verl's own way of reaching a
+            # GPU its placement group holds); the actor asks Ray for no resources either way.
+            placement = place_worker(self.tlt.drafter.device, ray.get(server.accelerator_ids.remote()), rank)
+            logger.info("TLT drafter worker %d trains on %s", rank, placement.describe())
+            options: dict = {}
+            if placement.env_vars:
+                options["runtime_env"] = {"env_vars": placement.env_vars}
             worker = (
                 ray.remote(DrafterWorker)
                 .options(
                     num_cpus=0,
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
+                    **options,
                 )
                 .remote(
                     target_path,
@@ -149,6 +163,7 @@ class TLTRuntime:
                     fault=fault,
                     cpu_niceness=self.tlt.drafter.cpu_niceness,
                     checkpoint_dir=str(self._spot_checkpoint_root() / f"worker_{rank}"),
+                    device=placement.device,
                 )
             )
             workers.append(worker)
@@ -183,7 +198,27 @@ class TLTRuntime:
 
     def before_sleep(self) -> None:
         if self.coordinator.watching:
-            self.metrics.update(self.coordinator.finish())
+            self.metrics.update(self.coordinator.finish())  # the burst has stopped and left the device
+        self._restore_replicas()
+
+    def _free_replica(self, rank: int) -> None:
+        """Before a burst on drained replica `rank`: its engine frees its KV cache (control: free_for_training).
+
+        Failures are logged: the burst then trains in whatever memory is left (an out-of-memory ends it)."""
+        try:
+            if ray.get(self.servers[rank].free_for_training.remote(), timeout=DRAFTER_SYNC_TIMEOUT_S):
+                self._freed.add(rank)
+        except Exception as error:
+            logger.warning("TLT: rollout replica %d could not free memory for the drafter (%s)", rank, error)
+
+    def _restore_replicas(self) -> None:
+        """Before verl sleeps the replicas: the ones that freed memory for a burst take it back."""
+        freed, self._freed = sorted(self._freed), set()
+        for rank in freed:
+            try:
+                ray.get(self.servers[rank].restore_after_training.remote(), timeout=DRAFTER_SYNC_TIMEOUT_S)
+            except Exception as error:  # the server's own sleep and next request restore it too
+                logger.warning("TLT: rollout replica %d could not restore its KV cache (%s)", rank, error)
 
     def after_sleep(self) -> None:
         records = ray.get([s.pop_last_rollout.remote() for s in self.servers])

@@ -41,6 +41,7 @@ from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer
 from verl_tlt.config import rollout_tlt_view
 from verl_tlt.engine.drafts.self_test import DrafterSelfTest, Verdict
 from verl_tlt.integrations.control.bookkeeping import RolloutBookkeeping
+from verl_tlt.integrations.control.placement import visible_devices
 from verl_tlt.integrations.vllm.compat import check_vllm_supports_tlt
 from verl_tlt.integrations.vllm.drafter_files import drafter_root, exchange_bytes
 from verl_tlt.integrations.vllm.engine_setup import TLT_WORKER_EXTENSION, cpu_engine_env, speculative_engine_args
@@ -64,6 +65,8 @@ class TLTvLLMHttpServer(RolloutBookkeeping, vLLMHttpServer):
         self.trace = RolloutTrace(self.replica_rank)
         self.last_rollout: dict[str, Any] | None = None
         self._in_flight = 0
+        self._kv_lent = False  # the KV cache is freed for a drafter burst (free_for_training)
+        self._kv_lock = asyncio.Lock()
         self._root = drafter_root(self.replica_rank, exchange_bytes(self.model_config.hf_config))
         drafter = self.tlt.drafter
         max_len = self.config.max_model_len or self.config.prompt_length + self.config.response_length
@@ -134,6 +137,8 @@ class TLTvLLMHttpServer(RolloutBookkeeping, vLLMHttpServer):
     async def generate(
         self, prompt_ids: list[int], sampling_params: dict[str, Any], request_id: str, *args: Any, **kwargs: Any
     ):
+        if self._kv_lent:  # a request after this replica drained (and lent its KV cache to the drafter): take it back
+            await self.restore_after_training()
         if self._test_due:
             async with self._self_test_lock:  # every request waits for the test; the first one runs it
                 if self._test_due:
@@ -153,9 +158,46 @@ class TLTvLLMHttpServer(RolloutBookkeeping, vLLMHttpServer):
 
     async def sleep(self) -> None:
         # The rollout phase is over when verl sleeps the replicas: close this replica's record of it first.
+        await self.restore_after_training()  # vLLM's sleep expects the KV cache it allocated (normally a no-op)
         self._close_rollout(validation=False)
         self._test_due = self._self_test.enabled
         await super().sleep()
+
+    # ----- lending the drained engine's memory to the drafter -------------------------------------------------------
+
+    def accelerator_ids(self) -> list[str]:
+        """The GPUs this replica's engine runs on (verl sets them in the server's environment); none on CPU."""
+        if _is_cpu_build():
+            return []
+        from verl.utils.device import get_visible_devices_keyword
+
+        return visible_devices(os.environ.get(get_visible_devices_keyword()))
+
+    async def free_for_training(self) -> bool:
+        """The replica drained: free its KV cache for the drafter's burst (sleep level 1 keeps the weights in host
+        memory, and waking the weights alone brings them back without the KV cache). Only where verl sleeps and
+        wakes this engine between rollouts anyway (``free_cache_engine`` in hybrid mode): elsewhere vLLM's memory
+        is left as verl manages it. True if freed."""
+        from verl.workers.rollout.replica import RolloutMode
+
+        if _is_cpu_build() or not self.config.free_cache_engine or self.rollout_mode != RolloutMode.HYBRID:
+            return False
+        async with self._kv_lock:
+            if self._kv_lent or self._in_flight or self.node_rank != 0:
+                return False
+            await self.engine.sleep(level=1)
+            await self.engine.wake_up(tags=["weights"])
+            self._kv_lent = True
+        return True
+
+    async def restore_after_training(self) -> None:
+        """Allocate the KV cache `free_for_training` freed again (the burst has ended and offloaded)."""
+        async with self._kv_lock:
+            if not self._kv_lent:
+                return
+            await self.engine.wake_up(tags=["kv_cache"])
+            await self.engine.reset_prefix_cache()
+            self._kv_lent = False
 
     def _close_rollout(self, validation: bool) -> None:
         self.trace.sd_totals = self.counter.take_totals()
