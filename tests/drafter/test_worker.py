@@ -305,6 +305,16 @@ def test_the_fault_comes_from_the_environment_unless_given(fed, exits, monkeypat
     assert exits == [1]
 
 
+def test_an_injected_out_of_memory_ends_that_burst_and_the_worker_trains_on(fed):
+    worker = fed(fault="oom_on_start=1,exit_on_start=9")
+    assert worker.start() is True
+    status = worker.stop()
+    assert status["burst_steps"] == 0 and status["memory_stops"] == 1 and status["version"] == 0
+    assert "out of memory (injected" in status["last_error"]
+    status = burst(worker, 2)  # the next burst trains
+    assert status["burst_steps"] == 2 and status["version"] == 1 and status["last_error"] is None
+
+
 def test_ping_reports_the_rank(varied_qwen2):
     assert make_worker(varied_qwen2[0], rank=5).ping() == 5
 
@@ -358,6 +368,26 @@ def test_a_worker_holds_the_targets_embedding_head_and_last_layer_only(varied_qw
     features = torch.randn(2, full.spec.hidden_size, generator=torch.Generator().manual_seed(0))
     assert torch.equal(from_parts.logits(features), from_full.logits(features))
     assert torch.equal(parts.model.embed_tokens.weight, full.model.embed_tokens.weight)
+
+
+def test_a_config_that_does_not_describe_the_weights_fails_from_the_headers(varied_qwen2, tmp_path):
+    import json
+    import shutil
+
+    from verl_tlt.modeling.weights import header_shapes, load_drafter_parts
+
+    shapes = header_shapes(str(varied_qwen2[0]))
+    assert (
+        shapes["model.embed_tokens.weight"][1]
+        == json.loads((varied_qwen2[0] / "config.json").read_text())["hidden_size"]
+    )
+    wrong = tmp_path / "wrong"
+    shutil.copytree(varied_qwen2[0], wrong)
+    config = json.loads((wrong / "config.json").read_text())
+    config["vocab_size"] += 8  # a config of another model of the family
+    (wrong / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"'model.embed_tokens.weight' has shape .* in its safetensors header"):
+        load_drafter_parts(str(wrong))
 
 
 def test_scores_stop_at_eval_max_seconds_with_both_drafters_on_the_same_samples(varied_qwen2, samples):

@@ -30,8 +30,9 @@ from verl_tlt.drafter.spot import SpotTrainer
 
 logger = logging.getLogger(__name__)
 
-# Test-only fault injection (how the drafter-crash test kills a worker mid-run): "exit_on_start=N" makes the
-# N-th start() of every worker end its process, as an out-of-memory kill would.
+# Test-only fault injection, comma-separated: "exit_on_start=N" makes the N-th start() of every worker end its process,
+# as the kernel's out-of-memory kill would (the drafter-crash test); "oom_on_start=N" makes that burst's first step
+# raise the device's out-of-memory error, which ends the burst inside a live worker.
 FAULT_ENV = "VERL_TLT_DRAFTER_FAULT"
 
 
@@ -191,7 +192,15 @@ class DrafterWorker:
         return self.rank
 
     def _maybe_crash(self) -> None:
-        if self._fault.startswith("exit_on_start="):
-            if self._starts == int(self._fault.split("=", 1)[1]):
-                logger.error("drafter worker %d: injected fault %r, exiting", self.rank, self._fault)
-                os._exit(1)
+        faults = dict(part.split("=", 1) for part in self._fault.split(",") if "=" in part)
+        if int(faults.get("exit_on_start", 0)) == self._starts:
+            logger.error("drafter worker %d: injected fault %r, exiting", self.rank, self._fault)
+            os._exit(1)
+        if int(faults.get("oom_on_start", 0)) == self._starts:
+            trainer = self.spot.trainer
+
+            def out_of_memory(batch):
+                del trainer.train_step  # once: the class's step again
+                raise torch.OutOfMemoryError(f"out of memory (injected by {FAULT_ENV}={self._fault!r})")
+
+            trainer.train_step = out_of_memory

@@ -68,10 +68,36 @@ def load_drafter_parts(
     def keep(name: str) -> bool:
         return not name.startswith("model.layers.") or name.startswith(last)
 
-    model = CausalLM(dataclasses.replace(spec, num_layers=1)).to(device=device, dtype=dtype)
+    part_spec = dataclasses.replace(spec, num_layers=1)
+    # Shapes first, from the config and the safetensors headers, before gigabytes are allocated and read.
+    with torch.device("meta"):
+        expected = {name: tuple(view.shape) for name, view in CausalLM(part_spec).hf_weight_views().items()}
+    for name, shape in header_shapes(path, keep).items():
+        renamed = name.replace(last, "model.layers.0.", 1)
+        if renamed in expected and shape != expected[renamed]:
+            raise ValueError(
+                f"{path}: weight {name!r} has shape {shape} in its safetensors header, but config.json describes "
+                f"{expected[renamed]}: the config and the weights are of different models. Fix: point the model path "
+                "at a checkpoint whose config.json came with its weights."
+            )
+    model = CausalLM(part_spec).to(device=device, dtype=dtype)
     renamed = ((name.replace(last, "model.layers.0.", 1), tensor) for name, tensor in read_checkpoint(path, keep))
     load_weights(model, renamed, strict=True)
     return model
+
+
+def header_shapes(path: str, keep: Callable[[str], bool] | None = None) -> dict[str, tuple[int, ...]]:
+    """Shape of every tensor `keep` accepts in a checkpoint's safetensors files, read from their headers only (no
+    tensor data); empty for checkpoints in other formats."""
+    from safetensors import safe_open
+
+    shapes = {}
+    for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+        with safe_open(file, framework="pt") as tensors:
+            for name in tensors.keys():  # noqa: SIM118 - safe_open's handle is not iterable
+                if keep is None or keep(name):
+                    shapes[name] = tuple(tensors.get_slice(name).get_shape())
+    return shapes
 
 
 def load_weights(model: CausalLM, named_tensors: Iterable[tuple[str, torch.Tensor]], *, strict: bool) -> int:
