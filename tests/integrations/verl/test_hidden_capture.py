@@ -242,7 +242,7 @@ def test_a_sequence_longer_than_the_budget_is_captured_as_its_prefix(model, monk
     assert sample.response_mask.tolist() == expected_mask(longest)[:prefix]
 
 
-def test_ulysses_sequence_parallelism_turns_capture_off(model):
+def test_ulysses_without_a_group_to_gather_over_turns_capture_off(model):
     engine = FakeEngine(model)
     engine.use_ulysses_sp = True
     capture = HiddenStateCapture(engine)
@@ -250,6 +250,28 @@ def test_ulysses_sequence_parallelism_turns_capture_off(model):
     capture.arm(step=0, token_budget=BUDGET)
     infer_batch(make_batch())
     assert not capture.enabled and capture.pop()[0] == []
+
+
+def test_sp2_capture_over_two_gloo_processes_equals_sp1(tmp_path):
+    """Two processes split each packed row as Ulysses does; the output rank's samples equal an unsplit capture."""
+    import torch.multiprocessing as mp
+
+    from tests.integrations.verl import sp_capture_probe
+
+    expected = sp_capture_probe.capture(sp_rank=0, sp_size=1, group=None)
+    context = mp.get_context("spawn")
+    processes = [context.Process(target=sp_capture_probe.run_rank, args=(rank, 2, str(tmp_path))) for rank in range(2)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=120)
+        assert process.exitcode == 0, f"SP rank process exited with {process.exitcode}"
+    kept = torch.load(tmp_path / "rank0.pt", weights_only=False)  # written by the test's own processes
+    assert torch.load(tmp_path / "rank1.pt", weights_only=False) == []  # the other rank gathered, and kept nothing
+    assert len(kept) == len(expected) > 0
+    for got, want in zip(kept, expected, strict=True):
+        assert torch.equal(got.token_ids, want.token_ids) and torch.equal(got.response_mask, want.response_mask)
+        assert torch.equal(got.hidden_states, want.hidden_states)
 
 
 def test_duplicate_sequences_are_captured_as_often_as_they_were_chosen(model):

@@ -25,9 +25,14 @@ class TLTActorRolloutRefWorker(ActorRolloutRefWorker):
         if actor is None:
             return False
         engine = actor.engine
-        self._tlt_capture = HiddenStateCapture(engine, dp_size=engine.get_data_parallel_size())
-        # Tensor/sequence-parallel peers see the same sequences: one of them (verl's output rank) captures.
-        self._tlt_capture.enabled &= bool(engine.is_mp_src_rank_with_outputs())
+        # Sequence-parallel peers gather each sequence's slices together; one of them (verl's output rank) keeps it.
+        sp_group = getattr(engine, "ulysses_parallel_group", None) if getattr(engine, "use_ulysses_sp", False) else None
+        self._tlt_capture = HiddenStateCapture(
+            engine,
+            dp_size=engine.get_data_parallel_size(),
+            sp_group=sp_group,
+            keeps=bool(engine.is_mp_src_rank_with_outputs()),
+        )
         actor.infer_batch = self._tlt_capture.wrap(actor.infer_batch)
         actor.train_mini_batch = self._tlt_capture.wrap(actor.train_mini_batch)
         return True

@@ -12,7 +12,10 @@ module, the workers still label). Nothing else changes: the forward's inputs and
 untouched.
 
 Layouts: verl's FSDP engine runs packed sequences ([1, N] with remove-padding) or padded rows ([B, L]); both
-are handled. With Ulysses sequence parallelism each rank sees only a slice of the sequence, so capture is off.
+are handled. With Ulysses sequence parallelism (packed only) each rank of a sequence-parallel group computes a
+contiguous slice of the padded [1, N] row: the hook gathers the slices over the group (every rank of it runs the
+same micro-batches, so all reach the same gathers), and one rank of the group, verl's output rank, keeps the samples.
+Labels then come from the drafter workers (gathering [N, vocabulary] logits would cost more than labelling there).
 """
 
 from __future__ import annotations
@@ -61,13 +64,21 @@ def _sequence_key(tokens: torch.Tensor) -> int:
 
 
 class HiddenStateCapture:
-    def __init__(self, engine: Any, dp_size: int = 1):
+    def __init__(self, engine: Any, dp_size: int = 1, sp_group: Any = None, keeps: bool = True):
+        """dp_size: data-parallel ranks the step's token budget is split over; sp_group: the Ulysses
+        sequence-parallel process group when verl splits sequences (None without SP); keeps: whether this rank keeps
+        what it captures (one rank per sequence-parallel group)."""
         self.engine, self.dp_size = engine, max(1, dp_size)
         self.norm = find_final_norm(engine.module)
         self.head = find_lm_head(engine.module)
-        self.enabled = not getattr(engine, "use_ulysses_sp", False)
-        if not self.enabled:
-            logger.warning("TLT hidden-state capture is off: Ulysses sequence parallelism splits sequences")
+        self.sp_group, self.keeps = sp_group, keeps
+        self.enabled = True
+        if getattr(engine, "use_ulysses_sp", False) and sp_group is None:
+            self.enabled = False
+            logger.warning(
+                "TLT hidden-state capture is off: Ulysses sequence parallelism splits sequences and the engine has no "
+                "sequence-parallel group to gather them over (ulysses_parallel_group); the drafter is not trained"
+            )
         self._forward_step = engine.forward_step
         engine.forward_step = self._capturing_forward_step
         self._armed: tuple[int, int] | None = None  # (RL step, token budget of this rank)
@@ -134,7 +145,8 @@ class HiddenStateCapture:
         captured: dict[str, Any] = {}
 
         def hidden_hook(module, inputs, output):
-            captured["hidden"] = (output[0] if isinstance(output, tuple) else output).detach()
+            hidden = (output[0] if isinstance(output, tuple) else output).detach()
+            captured["hidden"] = self._gathered(hidden) if self.sp_group is not None else hidden
 
         def logits_hook(module, inputs, output):
             # Labelled right away: verl may scale the logits in place (temperature) once the forward returns.
@@ -146,7 +158,7 @@ class HiddenStateCapture:
             self.seconds += time.perf_counter() - begin
 
         handles = [self.norm.register_forward_hook(hidden_hook)]
-        if self._teacher_top_k > 0 and self.head is not None:
+        if self._teacher_top_k > 0 and self.head is not None and self.sp_group is None:
             handles.append(self.head.register_forward_hook(logits_hook))
         try:
             result = self._forward_step(micro_batch, *args, **kwargs)
@@ -160,6 +172,15 @@ class HiddenStateCapture:
             logger.exception("TLT hidden-state capture failed for a micro-batch; skipped")
         self.seconds += time.perf_counter() - begin
         return result
+
+    def _gathered(self, local: torch.Tensor) -> torch.Tensor:
+        """[1, N_pad, H]: this sequence-parallel group's slices of the packed row, in rank order (Ulysses slices the
+        padded row into equal contiguous parts, rank r holding part r)."""
+        import torch.distributed as dist
+
+        parts = [torch.empty_like(local) for _ in range(dist.get_world_size(self.sp_group))]
+        dist.all_gather(parts, local.contiguous(), group=self.sp_group)
+        return torch.cat(parts, dim=1)
 
     def _chosen_rows(self, micro_batch) -> list[tuple[int, int]]:
         """(row, tokens to keep) of this micro-batch's sequences that the plan chose (taken off the plan)."""
@@ -205,7 +226,7 @@ class HiddenStateCapture:
         hidden: torch.Tensor | None,
         labels: list[TeacherLabels] | None,
     ) -> None:
-        if hidden is None:
+        if hidden is None or not self.keeps:
             return
         packed = self._packed(micro_batch, hidden)
         if packed is None:
