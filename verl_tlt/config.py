@@ -332,8 +332,26 @@ class DrafterConfig:
     capture_tokens: int = field(
         default=16384,
         metadata={
-            "help": "Tokens of finished responses per RL step whose hidden states are captured for the drafter "
-            "(longest responses first)."
+            "help": "Tokens of finished responses per RL step whose hidden states are captured for the drafter, "
+            "split evenly over the actor's data-parallel ranks (each captures from the rows it computes; at DP 8 "
+            "the default gives each rank 2048). Spent on windows of capture_window_tokens drawn with "
+            "capture_tail_weight."
+        },
+    )
+    capture_window_tokens: int = field(
+        default=512,
+        metadata={
+            "help": "Responses are captured in windows of this many response tokens (a response's first window with "
+            "its prompt), drawn across whole responses rather than as prefixes."
+        },
+    )
+    capture_tail_weight: float = field(
+        default=8.0,
+        metadata={
+            "help": "A response position the rollout decoded with speculation on (once at most "
+            "tlt.speculative.threshold requests per replica still ran, estimated from the batch's response lengths) "
+            "weighs this many times one decoded plainly when windows are drawn: the tail's late positions are what "
+            "the drafter serves. 1 = uniform over response positions."
         },
     )
     sync_every: int = field(
@@ -381,7 +399,14 @@ class DrafterConfig:
 
     def __post_init__(self) -> None:
         path = f"{ROOT_KEY}.drafter"
-        for key in ("buffer_tokens", "capture_tokens", "sync_every", "min_idle_replicas", "train_depth"):
+        for key in (
+            "buffer_tokens",
+            "capture_tokens",
+            "capture_window_tokens",
+            "sync_every",
+            "min_idle_replicas",
+            "train_depth",
+        ):
             if getattr(self, key) < 1:
                 raise ValueError(f"{path}.{key} must be >= 1, got {getattr(self, key)}")
         for key, example in (
@@ -415,6 +440,11 @@ class DrafterConfig:
         for key in ("hidden_loss_weight", "logit_loss_weight", "input_noise", "memory_budget_gib", "eval_max_seconds"):
             if not (math.isfinite(getattr(self, key)) and getattr(self, key) >= 0):
                 raise ValueError(f"{path}.{key} must be finite and >= 0, got {getattr(self, key)}")
+        if not (math.isfinite(self.capture_tail_weight) and self.capture_tail_weight >= 1):
+            raise ValueError(
+                f"{path}.capture_tail_weight must be finite and >= 1 (1 = uniform), got {self.capture_tail_weight}; "
+                f"e.g. {path}.capture_tail_weight=8"
+            )
         if self.hidden_loss_weight == 0 and self.logit_loss_weight == 0:
             raise ValueError(
                 f"{path}.hidden_loss_weight and {path}.logit_loss_weight are both 0, so the drafter would learn "

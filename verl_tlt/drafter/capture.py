@@ -1,62 +1,91 @@
-"""Which finished responses feed the drafter, and how a captured batch becomes drafter samples.
+"""Which parts of the finished responses feed the drafter, and how a captured batch becomes drafter samples.
 
 During RL the actor's forward over the finished rollout batch already computes the target's last-layer hidden
-states; TLT keeps a token-budgeted sample of them. Long responses are preferred: they are where the rollout's
-long tail spends its time, so they are what speculative decoding must be good at (and they carry the most
-training pairs per sample).
+states; TLT keeps a token-budgeted sample of them: windows of responses, drawn with a weight that favours the
+positions the rollout decodes with speculation on. Every rollout request starts together, so position p of a
+response is decoded while the responses longer than p still run; once at most `sd_batch` of them do (the
+speculation threshold times the replicas), the engines speculate. Those late positions of the longest responses are
+what the drafter serves in the long tail, and what a longest-first prefix of a small per-rank budget never reaches.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from verl_tlt.drafter.data import DrafterSample, sample_from_padded_row
 
-# A response too long for what is left of the budget is captured as a prefix if that holds at least this many
-# response tokens (fewer are not worth the budget they would use).
-PREFIX_MIN_RESPONSE_TOKENS = 64
+
+@dataclass(frozen=True)
+class CaptureWindows:
+    """How a step's capture budget is spent (``tlt.drafter.capture_*``; sd_batch from ``tlt.speculative``).
+
+    window_tokens: response tokens per window; tail_weight: a position decoded with speculation on weighs this many
+    times one decoded plainly; sd_batch: running responses at or below which the rollout speculates, for the rows
+    this rank sees (the threshold times the replicas, over the data-parallel ranks)."""
+
+    window_tokens: int = 512
+    tail_weight: float = 8.0
+    sd_batch: int = 32
 
 
-def choose_rows_for_capture(
-    response_lengths: Sequence[int], total_lengths: Sequence[int], token_budget: int
-) -> list[tuple[int, int]]:
-    """Rows to capture and how many of their tokens: longest responses first, within the token budget.
+def speculation_start(response_lengths: Sequence[int], sd_batch: int) -> int:
+    """The first response position decoded while at most `sd_batch` responses still run (0: all of them)."""
+    ordered = sorted(response_lengths, reverse=True)
+    return ordered[sd_batch] if len(ordered) > sd_batch else 0
 
-    A row that fits what is left of the budget is taken whole. One that does not is taken as a prefix (its prompt
-    and the start of its response, up to the budget) if that prefix holds at least PREFIX_MIN_RESPONSE_TOKENS
-    response tokens, else skipped: with a small per-rank budget, skipping every response longer than the budget
-    would feed the drafter only short answers, and the long tail is what it must be good at. Training windows long
-    samples anyway, restarting positions, so a prefix loses no context a window would have had. Ties keep the
-    batch order, so the choice is deterministic. Returns (row, tokens to keep) in ascending row order.
+
+def choose_windows_for_capture(
+    response_lengths: Sequence[int],
+    total_lengths: Sequence[int],
+    token_budget: int,
+    windows: CaptureWindows = CaptureWindows(),
+    seed: int = 0,
+) -> list[tuple[int, int, int]]:
+    """(row, start, end) token ranges of the batch's sequences to capture, within `token_budget` tokens.
+
+    Each response is cut into windows of `window_tokens` response tokens (the first with the prompt before it, later
+    ones with the token before them, whose hidden state predicts the window's first token). A window weighs the sum
+    over its positions of `tail_weight` (decoded with speculation on: at or after ``speculation_start``) or 1
+    (before); windows are drawn without replacement with probability proportional to weight (Efraimidis-Spirakis
+    keys, seeded: every sequence-parallel rank and every rerun of a step draws alike), taking each that still fits
+    the budget, and a row's adjacent windows merge. Returns ranges in ascending (row, start) order.
     """
     if len(response_lengths) != len(total_lengths):
         raise ValueError(
-            f"choose_rows_for_capture: {len(response_lengths)} response lengths vs {len(total_lengths)} totals"
+            f"choose_windows_for_capture: {len(response_lengths)} response lengths vs {len(total_lengths)} totals"
         )
     if token_budget < 1:
         raise ValueError(f"token_budget must be >= 1, got {token_budget}")
-    order = sorted(range(len(response_lengths)), key=lambda row: (-response_lengths[row], row))
+    tail_from = speculation_start(response_lengths, windows.sd_batch)
+    candidates = []  # (key, row, start, end)
+    rng = random.Random(seed)
+    for row, (response, total) in enumerate(zip(response_lengths, total_lengths, strict=True)):
+        prompt = total - response
+        for first in range(0, response, windows.window_tokens):
+            last = min(first + windows.window_tokens, response)  # response positions [first, last)
+            tail = max(0, last - max(first, tail_from))
+            weight = tail * windows.tail_weight + (last - first - tail)
+            key = rng.random() ** (1.0 / weight)
+            # A response's first window carries its prompt, the context the drafter's attention reads there; a later
+            # one the token before it, whose hidden state predicts the window's first token.
+            start = 0 if first == 0 else prompt + first - 1
+            candidates.append((key, row, start, prompt + last))
     chosen, used = [], 0
-    for row in order:
-        room, total = token_budget - used, total_lengths[row]
-        if response_lengths[row] < 1:
-            continue
-        if total <= room:
-            take = total
-        elif room - (total - response_lengths[row]) >= PREFIX_MIN_RESPONSE_TOKENS:
-            take = room
+    for _, row, start, end in sorted(candidates, key=lambda c: -c[0]):
+        if used + end - start <= token_budget:
+            chosen.append((row, start, end))
+            used += end - start
+    merged: list[tuple[int, int, int]] = []
+    for row, start, end in sorted(chosen):
+        if merged and merged[-1][0] == row and start <= merged[-1][2]:
+            merged[-1] = (row, merged[-1][1], max(end, merged[-1][2]))
         else:
-            continue
-        chosen.append((row, take))
-        used += take
-    return sorted(chosen)
-
-
-def truncated(sample: DrafterSample, num_tokens: int) -> DrafterSample:
-    """The first num_tokens tokens of `sample` (itself if it is not longer)."""
-    return sample if sample.num_tokens <= num_tokens else sample.window(0, num_tokens)
+            merged.append((row, start, end))
+    return merged
 
 
 def samples_from_batch(
@@ -89,10 +118,11 @@ def samples_from_packed(
     hidden_values: torch.Tensor,
     seq_offsets: Sequence[int],
     response_masks: Sequence[torch.Tensor],
-    rows: Sequence[int],
+    windows: Sequence[tuple[int, int, int]],
     step: int,
 ) -> list[DrafterSample]:
-    """Drafter samples for `rows` of a packed batch (verl's jagged layout, no padding).
+    """Drafter samples of `windows` (row, start, end) of a packed batch (verl's jagged layout, no padding): tokens
+    [start, end) of sequence `row` each, copied to CPU (the window alone, never its whole row).
 
     token_values [N] and hidden_values [N, H] hold the sequences back to back, sequence i at
     [seq_offsets[i], seq_offsets[i + 1]); response_masks[i] covers the last len(response_masks[i]) tokens of
@@ -101,8 +131,10 @@ def samples_from_packed(
     if hidden_values.shape[0] < token_values.shape[0]:
         raise ValueError(f"{hidden_values.shape[0]} hidden states for {token_values.shape[0]} tokens")
     samples = []
-    for row in rows:
+    for row, first, last in windows:
         start, end = int(seq_offsets[row]), int(seq_offsets[row + 1])
+        if not 0 <= first < last <= end - start:
+            raise ValueError(f"row {row}: window [{first}, {last}) outside its {end - start} tokens")
         response = response_masks[row].bool().cpu()
         if response.shape[0] > end - start:
             raise ValueError(f"row {row}: response mask of {response.shape[0]} for a sequence of {end - start} tokens")
@@ -110,9 +142,9 @@ def samples_from_packed(
         mask[end - start - response.shape[0] :] = response
         samples.append(
             DrafterSample(
-                token_values[start:end].detach().to("cpu", torch.long, copy=True),
-                hidden_values[start:end].detach().to("cpu", copy=True),
-                mask,
+                token_values[start + first : start + last].detach().to("cpu", torch.long, copy=True),
+                hidden_values[start + first : start + last].detach().to("cpu", copy=True),
+                mask[first:last].clone(),
                 step,
             )
         )

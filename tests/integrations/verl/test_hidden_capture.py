@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from verl_tlt.drafter.capture import CaptureWindows, choose_windows_for_capture
 from verl_tlt.integrations.verl.hidden_capture import HiddenStateCapture, find_final_norm
 
 VOCAB = 50
@@ -137,22 +138,33 @@ def seen_rows(engine: FakeEngine, data, micro_batch_size: int) -> dict[int, torc
 # ----- what is captured ------------------------------------------------------------------------------------------
 
 
+def planned(data, budget: int, step: int, windows: CaptureWindows | None = None) -> list[tuple[int, int, int]]:
+    """The windows the capture must take: the planner's choice (tests/drafter/test_capture.py tests the planner)."""
+    responses = data["response_mask"].offsets().diff().tolist()
+    totals = data["input_ids"].offsets().diff().tolist()
+    return choose_windows_for_capture(responses, totals, budget, windows or CaptureWindows(), seed=step)
+
+
 @pytest.mark.parametrize("layout", ["packed", "packed_pad"])
-def test_packed_layout_captures_the_longest_responses_with_the_models_last_hidden_state(model, layout):
+def test_packed_layout_captures_the_planned_windows_with_the_models_last_hidden_state(model, layout):
     engine, capture, infer_batch = install(model, layout, micro_batch_size=2)
     data = make_batch()
     capture.arm(step=7, token_budget=BUDGET)
     infer_batch(data)
     samples, stats = capture.pop()
 
+    windows = planned(data, BUDGET, step=7)
+    assert len(windows) >= 2
     sequences = data["input_ids"].unbind()
-    assert [s.token_ids.tolist() for s in samples] == [sequences[row].tolist() for row in CHOSEN]
     expected_hidden = seen_rows(engine, data, 2)
-    for sample, row in zip(samples, CHOSEN, strict=True):
+    assert len(samples) == len(windows)
+    for sample, (row, start, end) in zip(samples, windows, strict=True):
+        assert sample.token_ids.tolist() == sequences[row][start:end].tolist()
         assert sample.step == 7 and sample.token_ids.dtype == torch.long
-        assert torch.equal(sample.hidden_states, expected_hidden[row])
-        assert sample.response_mask.tolist() == expected_mask(row)
-    assert stats["samples"] == 3.0 and stats["tokens"] == 30.0 and stats["seconds"] > 0.0
+        assert torch.equal(sample.hidden_states, expected_hidden[row][start:end])
+        assert sample.response_mask.tolist() == expected_mask(row)[start:end]
+    tokens = sum(end - start for _, start, end in windows)
+    assert stats["samples"] == len(windows) and stats["tokens"] == tokens <= BUDGET and stats["seconds"] > 0.0
 
 
 def test_one_sequence_per_micro_batch_captures_exactly_the_sequences_own_hidden_states(model):
@@ -162,12 +174,14 @@ def test_one_sequence_per_micro_batch_captures_exactly_the_sequences_own_hidden_
     infer_batch(data)
     samples, _ = capture.pop()
     sequences = data["input_ids"].unbind()
-    assert len(samples) == 3
-    for sample, row in zip(samples, CHOSEN, strict=True):
+    windows = planned(data, BUDGET, step=1)
+    assert len(samples) == len(windows) > 0
+    for sample, (row, start, end) in zip(samples, windows, strict=True):
         # The final norm's output is what the LM head reads: transformers' hidden_states[-1] for Qwen2.
-        reference = standalone_hidden(model, sequences[row])
+        reference = standalone_hidden(model, sequences[row])[start:end]
         assert torch.allclose(sample.hidden_states, reference, atol=1e-5)
-        assert torch.allclose(model.lm_head(sample.hidden_states), model(sequences[row][None]).logits[0], atol=1e-5)
+        logits = model(sequences[row][None]).logits[0, start:end]
+        assert torch.allclose(model.lm_head(sample.hidden_states), logits, atol=1e-5)
 
 
 def test_padded_layout_drops_the_padding_and_keeps_each_rows_hidden_states(model):
@@ -177,11 +191,28 @@ def test_padded_layout_drops_the_padding_and_keeps_each_rows_hidden_states(model
     infer_batch(data)
     samples, _ = capture.pop()
     sequences = data["input_ids"].unbind()
-    assert [s.token_ids.tolist() for s in samples] == [sequences[row].tolist() for row in CHOSEN]
-    for sample, row in zip(samples, CHOSEN, strict=True):
-        assert sample.hidden_states.shape == (len(sequences[row]), 32)
-        assert torch.allclose(sample.hidden_states, standalone_hidden(model, sequences[row]), atol=1e-5)
-        assert sample.response_mask.tolist() == expected_mask(row)
+    windows = planned(data, BUDGET, step=2)
+    assert [s.token_ids.tolist() for s in samples] == [sequences[row][a:b].tolist() for row, a, b in windows]
+    for sample, (row, start, end) in zip(samples, windows, strict=True):
+        assert sample.hidden_states.shape == (end - start, 32)
+        assert torch.allclose(sample.hidden_states, standalone_hidden(model, sequences[row])[start:end], atol=1e-5)
+        assert sample.response_mask.tolist() == expected_mask(row)[start:end]
+
+
+def test_windows_reach_late_positions_of_a_response_with_their_exact_hidden_states(model):
+    """Small windows and a small budget: windows inside responses are captured, not only prefixes."""
+    engine, capture, infer_batch = install(model, "packed", micro_batch_size=2)
+    data = make_batch()
+    windows = CaptureWindows(window_tokens=3, tail_weight=8.0, sd_batch=2)
+    capture.arm(step=5, token_budget=20, windows=windows)
+    infer_batch(data)
+    samples, _ = capture.pop()
+    chosen = planned(data, 20, step=5, windows=windows)
+    assert any(start > 0 for _, start, _ in chosen) and len(samples) == len(chosen)  # a window inside a response
+    expected_hidden = seen_rows(engine, data, 2)
+    for sample, (row, start, end) in zip(samples, chosen, strict=True):
+        assert torch.equal(sample.hidden_states, expected_hidden[row][start:end])
+        assert sample.num_loss_pairs == sum(expected_mask(row)[start + 1 : end])
 
 
 def test_the_forward_and_its_return_value_are_unchanged(model):
@@ -222,24 +253,10 @@ def test_a_budget_that_fits_no_sequence_captures_nothing(model):
 def test_each_data_parallel_rank_captures_its_share_of_the_budget(model):
     _, capture, infer_batch = install(model, dp_size=2)
     capture.arm(step=0, token_budget=2 * BUDGET)
-    infer_batch(make_batch())
-    assert [s.num_tokens for s in capture.pop()[0]] == [11, 7, 12]  # the same rows as one rank with BUDGET
-
-
-def test_a_sequence_longer_than_the_budget_is_captured_as_its_prefix(model, monkeypatch):
-    import verl_tlt.drafter.capture as capture_module
-
-    monkeypatch.setattr(capture_module, "PREFIX_MIN_RESPONSE_TOKENS", 2)  # the test rows are tiny
-    engine, capture, infer_batch = install(model, "packed", micro_batch_size=2)
     data = make_batch()
-    longest = max(range(len(ROWS)), key=lambda row: len(ROWS[row][1]))
-    prefix = len(data["input_ids"].unbind()[longest]) - 3
-    capture.arm(step=1, token_budget=prefix)
     infer_batch(data)
-    (sample,) = capture.pop()[0]
-    assert sample.token_ids.tolist() == data["input_ids"].unbind()[longest][:prefix].tolist()
-    assert torch.equal(sample.hidden_states, seen_rows(engine, data, 2)[longest][:prefix])
-    assert sample.response_mask.tolist() == expected_mask(longest)[:prefix]
+    # The same windows as one rank with BUDGET (and an sd_batch above the 5 rows either way).
+    assert [s.num_tokens for s in capture.pop()[0]] == [end - start for _, start, end in planned(data, BUDGET, 0)]
 
 
 def test_ulysses_without_a_group_to_gather_over_turns_capture_off(model):
@@ -281,15 +298,10 @@ def test_duplicate_sequences_are_captured_as_often_as_they_were_chosen(model):
     data = make_batch(rows, sequences=[a, b, a.clone()])  # GRPO: the same response twice in a group
 
     _, capture, infer_batch = install(model, micro_batch_size=1)
-    capture.arm(step=0, token_budget=16)  # both copies of a (8 + 8)
+    capture.arm(step=0, token_budget=22)  # everything: both copies of a (8 + 8) and b (6)
     infer_batch(data)
     samples = capture.pop()[0]
-    assert [s.token_ids.tolist() for s in samples] == [a.tolist(), a.tolist()]
-
-    capture.arm(step=0, token_budget=15)  # one copy of a (8), then b (6)
-    infer_batch(data)
-    samples = capture.pop()[0]
-    assert [s.token_ids.tolist() for s in samples] == [a.tolist(), b.tolist()]
+    assert [s.token_ids.tolist() for s in samples] == [a.tolist(), b.tolist(), a.tolist()]
 
 
 def test_pop_hands_over_the_samples_and_resets(model):

@@ -12,6 +12,7 @@ from typing import Any
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
+from verl_tlt.drafter.capture import CaptureWindows
 from verl_tlt.integrations.verl.hidden_capture import HiddenStateCapture
 
 
@@ -38,10 +39,12 @@ class TLTActorRolloutRefWorker(ActorRolloutRefWorker):
         return True
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def tlt_arm_capture(self, step: int, token_budget: int, teacher_top_k: int = 0) -> None:
+    def tlt_arm_capture(
+        self, step: int, token_budget: int, teacher_top_k: int = 0, windows: CaptureWindows | None = None
+    ) -> None:
         capture = getattr(self, "_tlt_capture", None)
         if capture is not None:
-            capture.arm(step, token_budget, teacher_top_k)
+            capture.arm(step, token_budget, teacher_top_k, windows)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def tlt_pop_captured(self) -> tuple[list[Any], dict[str, float]]:

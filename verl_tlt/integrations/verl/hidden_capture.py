@@ -3,9 +3,10 @@
 verl computes the actor's log-probs over every finished rollout (`compute_log_prob`); that forward already
 produces the target's last-layer hidden states, the EAGLE drafter's training input. `HiddenStateCapture` wraps
 one training engine: when armed for a step, the next batch that goes through `infer_batch` (or, when verl skips
-that pass, `train_mini_batch`) is planned (which sequences to keep: the longest responses within the token
-budget) and, for each micro-batch, a forward hook on the model's final norm picks the kept sequences' hidden
-states and copies them to CPU as `DrafterSample`s. When armed with a teacher top-k, a hook on the LM head also turns
+that pass, `train_mini_batch`) is planned (which windows of which responses to keep within this rank's share of
+the token budget, weighted toward the positions the rollout decoded with speculation on: `drafter.capture`) and,
+for each micro-batch, a forward hook on the model's final norm picks the kept windows' hidden states and copies
+them to CPU as `DrafterSample`s. When armed with a teacher top-k, a hook on the LM head also turns
 the logits the forward computes anyway into the samples' sparse teacher labels (`drafter.teacher`), once, here,
 instead of every drafter worker running the target's head over them again (where fused kernels skip the head
 module, the workers still label). Nothing else changes: the forward's inputs and outputs, and so the log-probs, are
@@ -20,6 +21,7 @@ Labels then come from the drafter workers (gathering [N, vocabulary] logits woul
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -27,7 +29,7 @@ from typing import Any
 
 import torch
 
-from verl_tlt.drafter.capture import choose_rows_for_capture, samples_from_packed, truncated
+from verl_tlt.drafter.capture import CaptureWindows, choose_windows_for_capture, samples_from_packed
 from verl_tlt.drafter.data import DrafterSample
 from verl_tlt.drafter.teacher import TeacherLabels, labels_from_logits
 
@@ -83,16 +85,21 @@ class HiddenStateCapture:
         engine.forward_step = self._capturing_forward_step
         self._armed: tuple[int, int] | None = None  # (RL step, token budget of this rank)
         self._teacher_top_k = 0  # label at the LM head with this top-k (0: the workers label)
-        self._wanted: dict[int, list[int]] = {}  # sequence key -> tokens to keep of each copy still to capture
+        self._windows = CaptureWindows()
+        # sequence key -> the windows (start, end) to keep of each copy still to capture
+        self._wanted: dict[int, list[list[tuple[int, int]]]] = {}
         self.samples: list[DrafterSample] = []
         self.seconds = 0.0
 
-    def arm(self, step: int, token_budget: int, teacher_top_k: int = 0) -> None:
+    def arm(self, step: int, token_budget: int, teacher_top_k: int = 0, windows: CaptureWindows | None = None) -> None:
         """Capture from the next planned batch (this rank's share of `token_budget` tokens); teacher_top_k > 0 also
-        labels the captured positions from the forward's own logits."""
+        labels the captured positions from the forward's own logits. windows: how the budget is spent, its
+        `sd_batch` for the whole batch (this rank sees 1/dp_size of the rows, so its share of that)."""
         if self.enabled:
             self._armed = (step, max(1, token_budget // self.dp_size))
             self._teacher_top_k = teacher_top_k
+            windows = windows or CaptureWindows()
+            self._windows = dataclasses.replace(windows, sd_batch=max(1, round(windows.sd_batch / self.dp_size)))
             self._wanted = {}
 
     def wrap(self, method: Callable) -> Callable:
@@ -129,11 +136,15 @@ class HiddenStateCapture:
         offsets = input_ids.offsets().tolist()
         totals = input_ids.offsets().diff().tolist()
         responses = response_mask.offsets().diff().tolist()
-        chosen = choose_rows_for_capture(responses, totals, self._armed[1])
+        step, budget = self._armed
+        chosen = choose_windows_for_capture(responses, totals, budget, self._windows, seed=step)
+        by_row: dict[int, list[tuple[int, int]]] = {}
+        for row, start, end in chosen:
+            by_row.setdefault(row, []).append((start, end))
         values = input_ids.values()
-        for row, keep in chosen:
+        for row, windows in by_row.items():
             key = _sequence_key(values[offsets[row] : offsets[row + 1]])
-            self._wanted.setdefault(key, []).append(keep)
+            self._wanted.setdefault(key, []).append(windows)
         self.seconds += time.perf_counter() - begin
 
     def _capturing_forward_step(self, micro_batch, *args, **kwargs):
@@ -182,8 +193,8 @@ class HiddenStateCapture:
         dist.all_gather(parts, local.contiguous(), group=self.sp_group)
         return torch.cat(parts, dim=1)
 
-    def _chosen_rows(self, micro_batch) -> list[tuple[int, int]]:
-        """(row, tokens to keep) of this micro-batch's sequences that the plan chose (taken off the plan)."""
+    def _chosen_rows(self, micro_batch) -> list[tuple[int, list[tuple[int, int]]]]:
+        """(row, windows to keep) of this micro-batch's sequences that the plan chose (taken off the plan)."""
         input_ids = micro_batch["input_ids"]
         offsets = input_ids.offsets().tolist()
         values = input_ids.values()
@@ -207,22 +218,24 @@ class HiddenStateCapture:
         logger.warning("TLT capture: unexpected per-token output shape %s; skipped", tuple(tensor.shape))
         return None
 
-    def _labels(self, micro_batch, chosen: list[tuple[int, int]], logits: torch.Tensor) -> list[TeacherLabels] | None:
+    def _labels(
+        self, micro_batch, chosen: list[tuple[int, list[tuple[int, int]]]], logits: torch.Tensor
+    ) -> list[TeacherLabels] | None:
+        """The teacher labels of every chosen window, in `chosen`'s order."""
         packed = self._packed(micro_batch, logits)
         if packed is None:
             return None
         offsets = micro_batch["input_ids"].offsets().tolist()
-        labels = []
-        for row, keep in chosen:
-            start = offsets[row]
-            end = min(offsets[row + 1], start + keep)
-            labels.append(labels_from_logits(packed[start:end], self._teacher_top_k))
-        return labels
+        return [
+            labels_from_logits(packed[offsets[row] + start : offsets[row] + end], self._teacher_top_k)
+            for row, windows in chosen
+            for start, end in windows
+        ]
 
     def _take(
         self,
         micro_batch,
-        chosen: list[tuple[int, int]],
+        chosen: list[tuple[int, list[tuple[int, int]]]],
         hidden: torch.Tensor | None,
         labels: list[TeacherLabels] | None,
     ) -> None:
@@ -233,9 +246,9 @@ class HiddenStateCapture:
             return
         input_ids, response_mask = micro_batch["input_ids"], micro_batch["response_mask"]
         offsets = input_ids.offsets().tolist()
-        rows = [row for row, _ in chosen]
-        samples = samples_from_packed(input_ids.values(), packed, offsets, response_mask.unbind(), rows, self._armed[0])
-        samples = [truncated(sample, keep) for sample, (_, keep) in zip(samples, chosen, strict=True)]
+        windows = [(row, start, end) for row, row_windows in chosen for start, end in row_windows]
+        masks, step = response_mask.unbind(), self._armed[0]
+        samples = samples_from_packed(input_ids.values(), packed, offsets, masks, windows, step)
         if labels is not None:
             samples = [sample.labelled(label) for sample, label in zip(samples, labels, strict=True)]
         self.samples += samples

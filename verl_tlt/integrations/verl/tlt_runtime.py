@@ -26,6 +26,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from verl_tlt.config import TLTConfig
+from verl_tlt.drafter.capture import CaptureWindows
 from verl_tlt.drafter.capture_record import RecordedStep, save_step
 from verl_tlt.drafter.spot_schedule import SpotSchedule
 from verl_tlt.drafter.worker import FAULT_ENV, DrafterWorker
@@ -237,7 +238,13 @@ class TLTRuntime:
         self._capture_step = step
         if self._training:
             drafter = self.tlt.drafter
-            self.actor_wg.tlt_arm_capture(step, drafter.capture_tokens, drafter.teacher_top_k)
+            windows = CaptureWindows(
+                drafter.capture_window_tokens,
+                drafter.capture_tail_weight,
+                # The whole batch's: each replica speculates at or below the threshold.
+                sd_batch=self.tlt.speculative.threshold * len(self.servers),
+            )
+            self.actor_wg.tlt_arm_capture(step, drafter.capture_tokens, drafter.teacher_top_k, windows)
 
     def collect_capture(self) -> None:
         if not self._training:
