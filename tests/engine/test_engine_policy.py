@@ -42,3 +42,18 @@ def test_engine_counts_every_speculative_token_under_its_strategy(varied_qwen2):
     assert set(costs) == {"2"} and set(costs["2"]) == {"4_1_4"}
     tokens, seconds, steps = costs["2"]["4_1_4"]
     assert tokens == stats["tokens_sd"] and steps == stats["steps_sd"] and seconds > 0
+
+
+def test_engine_counts_verified_rows_by_their_response_position(varied_qwen2, monkeypatch):
+    import verl_tlt.policy.decode_stats as decode_stats
+
+    monkeypatch.setattr(decode_stats, "POSITION_EDGES", (8,))  # buckets 0-7 and 8+ for a 21-token answer
+    path, hf_model = varied_qwen2
+    engine = RolloutEngine.from_pretrained(str(path), max_num_seqs=4, drafter=HFModelDrafter(hf_model))
+    params = SamplingParams(temperature=0, max_tokens=21, ignore_eos=True)
+    engine.generate([[5, 6, 7], [8, 9]], params, strategy="4_1_4")
+    stats = engine.stats.as_dict()
+    # Positions 1, 6, 11, 16 before each step (the first token comes from the prefill): two rows each.
+    assert stats["sd_rows_by_position"] == {"0-7": 4, "8+": 4}
+    assert sum(stats["sd_tokens_by_position"].values()) == stats["tokens_sd"]
+    assert stats["sd_tokens_by_position"]["0-7"] == 10 * 2  # a perfect drafter: 5 tokens a row

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from verl_tlt.metrics.decode_metrics import strategy_acceptance
-from verl_tlt.policy.decode_stats import DecodeCosts, DecodeStats, batch_group
+from verl_tlt.metrics.decode_metrics import position_acceptance, strategy_acceptance
+from verl_tlt.policy.decode_stats import DecodeCosts, DecodeStats, batch_group, position_bucket
 from verl_tlt.spec.strategy import SpecStrategy
 
 
@@ -53,3 +53,24 @@ def test_decode_stats_count_until_taken_and_start_afresh():
     assert stats.take() == DecodeStats().as_dict()  # every counter back at zero, histograms and sources included
     stats.record(None, batch_size=1, tokens=1, seconds=0.1)
     assert stats.take()["strategy_histogram"] == {"all": {"plain": 1}}
+
+
+def test_acceptance_per_response_position_bucket_over_replicas():
+    assert [position_bucket(p) for p in (0, 255, 256, 1023, 1024, 4095, 4096, 16384, 10**6)] == [
+        "0-255",
+        "0-255",
+        "256-1023",
+        "256-1023",
+        "1024-4095",
+        "1024-4095",
+        "4096-16383",
+        "16384+",
+        "16384+",
+    ]
+    stats, other = DecodeStats(), DecodeStats()
+    stats.record_positions([10, 300, 5000], [3, 5, 2])
+    other.record_positions([20, 6000], [1, 4])
+    merged = position_acceptance([stats.as_dict(), other.as_dict(), {"steps_plain": 1}])
+    assert merged == {"0-255": 2.0, "256-1023": 5.0, "4096-16383": 3.0}
+    assert stats.take()["sd_rows_by_position"] == {"0-255": 1, "256-1023": 1, "4096-16383": 1}
+    assert stats.as_dict()["sd_rows_by_position"] == {}

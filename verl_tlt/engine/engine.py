@@ -334,11 +334,17 @@ class RolloutEngine:
         running, batch_size = self.scheduler.running, self.num_running
         asks_policy = forced is None and self.policy is not None and self.speculation.can_speculate
         chosen = self.policy.select(batch_size) if asks_policy else forced
-        before, start = sum(len(r.output_ids) for r in running), time.perf_counter()
+        rows = list(running)
+        positions = [len(r.output_ids) for r in rows]
+        before, start = sum(positions), time.perf_counter()
         outcome = self.speculation.run(chosen, self.scheduler, self.stats)
         if not outcome.speculated:
             self._decode()
         seconds, committed = time.perf_counter() - start, sum(len(r.output_ids) for r in running) - before
+        if outcome.speculated:
+            self.stats.record_positions(
+                positions, [len(r.output_ids) - n for r, n in zip(rows, positions, strict=True)]
+            )
         if asks_policy:
             self.policy.observe(outcome.arm, batch_size, committed, seconds)
         self.stats.record(outcome.arm, batch_size, committed, seconds, self.policy)

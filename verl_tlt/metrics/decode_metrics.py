@@ -20,6 +20,17 @@ def strategy_acceptance(stats: list[dict]) -> dict[str, float]:
     return {name: tokens[name] / count for name, count in rows.items() if count}
 
 
+def position_acceptance(stats: list[dict]) -> dict[str, float]:
+    """Acceptance length per response-position bucket over several engines' `DecodeStats.as_dict()`: tokens committed
+    per verified row by rows that stood in that bucket of their response."""
+    rows: Counter = Counter()
+    tokens: Counter = Counter()
+    for entry in stats:
+        rows.update(entry.get("sd_rows_by_position") or {})
+        tokens.update(entry.get("sd_tokens_by_position") or {})
+    return {bucket: tokens[bucket] / count for bucket, count in rows.items() if count}
+
+
 def source_metrics(stats: list[dict]) -> dict[str, float]:
     """Per draft source over several engines' `DecodeStats.as_dict()`, keyed '<source>/<name>':
 

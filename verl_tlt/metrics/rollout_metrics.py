@@ -4,7 +4,7 @@ rollout backend served it. Pure: dicts in, a flat dict of floats out."""
 
 from __future__ import annotations
 
-from verl_tlt.metrics.decode_metrics import source_metrics, strategy_acceptance
+from verl_tlt.metrics.decode_metrics import position_acceptance, source_metrics, strategy_acceptance
 from verl_tlt.metrics.long_tail import long_tail_metrics
 from verl_tlt.metrics.rollout_trace import rollout_summary
 
@@ -56,6 +56,8 @@ def rollout_metrics(
         metrics[f"tlt/sd/strategy/{metric_name(name)}"] = n / steps_all if steps_all else 0.0
     for name, length in strategy_acceptance(stats).items():
         metrics[f"tlt/sd/strategy_acceptance/{metric_name(name)}"] = length
+    for bucket, length in position_acceptance(stats).items():
+        metrics[f"tlt/sd/position_acceptance/{bucket}"] = length
     for name, value in source_metrics(stats).items():
         metrics[f"tlt/sd/source/{name}"] = value
     metrics.update(self_test_metrics([s["self_test"] for s in stats if s.get("self_test")]))

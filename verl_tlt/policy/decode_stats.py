@@ -11,6 +11,21 @@ from verl_tlt.policy.gate import PLAIN
 from verl_tlt.spec.strategy import SpecStrategy
 
 
+# Response positions the per-position acceptance is reported by: where in its response a verified row stood. Captures
+# weighted toward the speculating tail (drafter.capture) should show in the late buckets.
+POSITION_EDGES = (256, 1024, 4096, 16384)
+
+
+def position_bucket(position: int) -> str:
+    """The label of the bucket of response position `position` ('0-255', ..., '16384+')."""
+    lower = 0
+    for edge in POSITION_EDGES:
+        if position < edge:
+            return f"{lower}-{edge - 1}"
+        lower = edge
+    return f"{lower}+"
+
+
 @dataclass
 class DecodeStats:
     steps_plain: int = 0
@@ -29,6 +44,9 @@ class DecodeStats:
     # draft source ('eagle', 'suffix') -> draft tokens verified, and draft tokens accepted (each a target step saved)
     drafted_by_source: Counter = field(default_factory=Counter)
     accepted_by_source: Counter = field(default_factory=Counter)
+    # response-position bucket (`position_bucket`) -> rows verified there, and tokens they committed
+    sd_rows_by_position: Counter = field(default_factory=Counter)
+    sd_tokens_by_position: Counter = field(default_factory=Counter)
 
     def record(self, strategy: SpecStrategy | None, batch_size: int, tokens: int, seconds: float, gate=None) -> None:
         """gate: what labels the step's bucket (a policy or a `SpeculationGate`; None: one label, 'all')."""
@@ -51,6 +69,13 @@ class DecodeStats:
         engine.speculative_step.draft_sources)."""
         self.drafted_by_source.update(drafted)
         self.accepted_by_source.update(accepted)
+
+    def record_positions(self, positions: list[int], committed: list[int]) -> None:
+        """One speculative step's rows: each row's response position before the step, and tokens it committed."""
+        for position, tokens in zip(positions, committed, strict=True):
+            bucket = position_bucket(position)
+            self.sd_rows_by_position[bucket] += 1
+            self.sd_tokens_by_position[bucket] += tokens
 
     @property
     def sd_step_share(self) -> float:
@@ -78,6 +103,8 @@ class DecodeStats:
             "sd_tokens_by_strategy": dict(self.sd_tokens_by_strategy),
             "drafted_by_source": dict(self.drafted_by_source),
             "accepted_by_source": dict(self.accepted_by_source),
+            "sd_rows_by_position": dict(self.sd_rows_by_position),
+            "sd_tokens_by_position": dict(self.sd_tokens_by_position),
         }
 
     def acceptance_by_strategy(self) -> dict[str, float]:
