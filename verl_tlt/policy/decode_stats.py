@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from verl_tlt.policy.gate import PLAIN
 from verl_tlt.spec.strategy import SpecStrategy
 
-
 # Response positions the per-position acceptance is reported by: where in its response a verified row stood. Captures
 # weighted toward the speculating tail (drafter.capture) should show in the late buckets.
 POSITION_EDGES = (256, 1024, 4096, 16384)
