@@ -9,9 +9,10 @@
 #   bash recipes/gpu/drafter_warmup.sh [more `verl-tlt drafter warmup` options, e.g. --seconds 7200]
 #   MODEL=$HOME/models/Qwen2.5-32B DRAFTER=$HOME/drafters/qwen2.5-32b-warmup bash recipes/gpu/drafter_warmup.sh
 #
-# The command runs verl-tlt's torch engine on the host CPU in fp32 (it has no device option): it needs host memory
-# for the whole target at 4 bytes per parameter, and for 7B/32B targets expect it to take long; --seconds bounds the
-# training part. VERL_TLT_RECIPE_PRINT=1 prints the command, one argument per line, instead of running it.
+# The command runs verl-tlt's torch engine on the GPU (DEVICE=cuda, the default): the target answers in bf16 (the
+# whole target on one GPU: 15 GB at 7B, 65 GB at 32B), then the drafter trains there in bf16 with fp32 masters
+# against the target's embedding and head alone. DEVICE=cpu runs both on the host in fp32 (hours at 7B); --seconds
+# bounds the training part. VERL_TLT_RECIPE_PRINT=1 prints the command, one argument per line, instead of running it.
 set -euo pipefail
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -31,6 +32,7 @@ TEMPERATURES="${TEMPERATURES:-0.9}"
 # positions on the drafter's own features, at about that many times the cost per step.
 TRAIN_DEPTH="${TRAIN_DEPTH:-1}"
 SEED="${SEED:-0}"
+DEVICE="${DEVICE:-cuda}"
 
 read -r -a temperatures <<<"$TEMPERATURES"
 cmd=(
@@ -44,6 +46,7 @@ cmd=(
   --temperature "${temperatures[@]}"
   --train-depth "$TRAIN_DEPTH"
   --seed "$SEED"
+  --device "$DEVICE"
   # Beside the export, not in it: the drafter directory holds exactly what vLLM and verl-tlt load.
   --json "${DRAFTER%/}.report.json"
   "$@"

@@ -147,6 +147,7 @@ def warm_drafter(toy_world, tmp_path_factory) -> Path:
         "STEPS": "2",
         "MAX_TOKENS": "8",
         "TEMPERATURES": "0 0.9",
+        "DEVICE": "cpu",  # the recipe's default is the GPU
     }
     proc = subprocess.run(
         ["bash", str(RECIPES / "drafter_warmup.sh")],
@@ -171,6 +172,7 @@ def test_drafter_warmup_recipe_passes_only_options_the_command_has():
     assert (args.target, args.prompts, args.out) == ("/m", "/d/train.parquet", "/out/drafter")
     assert args.temperature == [0.0, 0.9] and args.max_seconds == 60.0
     assert args.json == "/out/drafter.report.json"
+    assert args.device == "cuda"  # the recipe warms up on the GPU
 
 
 def test_drafter_warmup_recipe_exports_a_drafter_that_loads_against_its_target(toy_world, warm_drafter):

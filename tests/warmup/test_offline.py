@@ -126,3 +126,13 @@ def test_the_report_has_the_sparse_teachers_loss_gap(varied_qwen2, tmp_path):
     gap = small_warmup(path, tmp_path, num_steps=1).teacher_loss_gap
     assert gap["top_k"] == 64 and 0 < gap["top_k_mass"] <= 1
     assert gap["dense_logit_loss"] > 0 and gap["sparse_logit_loss"] > 0
+
+
+def test_a_bf16_collection_is_cached_apart_from_fp32_and_fp32_keys_are_unchanged(tmp_path):
+    from verl_tlt.warmup.collect import collection_key
+
+    (tmp_path / "config.json").write_text("{}")
+    args = (tmp_path, [[1, 2]], [0.0], 8, 0, 0)
+    fp32 = collection_key(*args)
+    assert collection_key(*args, "float32") == fp32  # what earlier runs cached stays valid
+    assert collection_key(*args, "bfloat16") != fp32  # GPU answers differ: never mixed up with CPU ones

@@ -64,6 +64,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     warmup.add_argument(
         "--grad-clip-norm", type=float, default=WARMUP_GRAD_CLIP_NORM, help="global gradient-norm clip per step"
     )
+    warmup.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cpu: generation and training in fp32 on the host; cuda: the target answers in bf16 on the GPU and the "
+        "drafter trains there (fp32 masters, bf16 autocast) against the target's embedding and head alone",
+    )
     warmup.add_argument("--seed", type=int, default=0, help="seed of sampling and training")
     warmup.add_argument("--json", default=None, help="write the report here")
 
@@ -92,6 +99,11 @@ def _warmup(args: argparse.Namespace) -> int:
         flag = next(named, "--train-depth")
         usage_error(args, f"{flag} {getattr(args, flag.removeprefix('--').replace('-', '_'))}: {error}")
 
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            usage_error(args, "--device cuda: this torch sees no CUDA device; run on a GPU machine or use --device cpu")
     try:
         target = str(resolve_model(args.target))
     except MODEL_ERRORS as error:
@@ -99,7 +111,7 @@ def _warmup(args: argparse.Namespace) -> int:
     prompts = prompts_from_parquet(args.prompts, target, args.prompt_key, args.num_prompts)
     if args.budget_minutes < 0:
         usage_error(args, f"--budget-minutes must be >= 0 (0 = no budget), got {args.budget_minutes}")
-    settings = options(args, "num_steps", "max_seconds", "temperature", "max_tokens", "seed", "init_from")
+    settings = options(args, "num_steps", "max_seconds", "temperature", "max_tokens", "seed", "init_from", "device")
     budget = args.budget_minutes * 60 or None
     report = warmup_drafter(
         target, prompts, args.out, config=config, budget_seconds=budget, resume=not args.fresh, **settings

@@ -45,7 +45,8 @@ def collect_samples(
         hidden = sequence_hidden_states(engine.model, ids)
         response = torch.arange(len(ids)) >= len(prompt)
         teacher = teacher_labels(hidden, engine.model.lm_head.weight, teacher_top_k) if teacher_top_k else None
-        samples.append(DrafterSample(torch.tensor(ids), hidden, response, step, teacher))
+        teacher = teacher.to("cpu") if teacher is not None else None  # samples live in host memory (and the cache)
+        samples.append(DrafterSample(torch.tensor(ids), hidden.cpu(), response, step, teacher))
         recorded.advance()
     return samples
 
@@ -57,8 +58,10 @@ def collection_key(
     max_tokens: int,
     seed: int,
     teacher_top_k: int,
+    precision: str = "float32",
 ) -> str:
-    """A digest of everything the collected samples depend on."""
+    """A digest of everything the collected samples depend on (precision: the engine's dtype, e.g. bfloat16 on a
+    GPU, whose answers and hidden states differ from fp32's)."""
     target = Path(target_path)
     files = sorted(
         (path.name, path.stat().st_size, path.stat().st_mtime_ns)
@@ -75,6 +78,8 @@ def collection_key(
         "seed": seed,
         "teacher_top_k": teacher_top_k,
     }
+    if precision != "float32":  # keyed only where it differs, so fp32 collections cached before stay valid
+        identity["precision"] = precision
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
 
 
@@ -91,7 +96,8 @@ def cached_samples(
 ) -> tuple[list[DrafterSample], bool]:
     """(samples, whether they came from the cache): every prompt answered once per temperature, collected once."""
     root = Path(cache_root) if cache_root is not None else default_cache_root()
-    key = collection_key(target_path, prompts, temperatures, max_tokens, seed, teacher_top_k)
+    precision = str(engine.model.lm_head.weight.dtype).removeprefix("torch.")
+    key = collection_key(target_path, prompts, temperatures, max_tokens, seed, teacher_top_k, precision)
     entry = root / "warmup-samples" / key
     try:
         state = load_state(entry, kind=SAMPLES_KIND)

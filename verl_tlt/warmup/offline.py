@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from verl_tlt.config import DrafterConfig
 from verl_tlt.drafter.data import DrafterDataBuffer, DrafterSample
 from verl_tlt.drafter.model import EagleDrafterModel
@@ -108,6 +110,7 @@ def warmup_drafter(
     state_dir: str | Path | None = None,
     cache_root: str | Path | None = None,
     checkpoint_every_s: float = CHECKPOINT_EVERY_S,
+    device: str = "cpu",
 ) -> WarmupReport:
     """Train a drafter for the target at target_path on its own answers to `prompts`; export it to out_dir.
 
@@ -117,7 +120,9 @@ def warmup_drafter(
     defaults); the buffer holds every collected token. num_steps: optimizer steps in all (a resumed run counts the
     earlier ones). max_seconds: of training in this run; budget_seconds: of this whole run, collection included
     (training stops at whichever comes first). resume: continue from `state_dir` (default `<out_dir>.warmup-state`)
-    if it holds a checkpoint of the same drafter. seed: of generation and of training.
+    if it holds a checkpoint of the same drafter. seed: of generation and of training. device: cpu (fp32 throughout)
+    or cuda: the target answers in bf16 there, and the drafter trains there with fp32 masters under bf16 autocast
+    against the target's embedding and head alone (loaded in fp32 after the engine is freed), as spot training does.
     """
     if not prompts:
         raise ValueError("warmup_drafter needs at least one prompt")
@@ -125,7 +130,10 @@ def warmup_drafter(
     deadline = begin + max(0.0, budget_seconds - FINAL_SAVE_S) if budget_seconds else None
     config = config or DrafterConfig()
     temperatures = [temperature] if isinstance(temperature, (int, float)) else list(temperature)
-    engine = RolloutEngine.from_pretrained(target_path, max_num_seqs=64, seed=seed)
+    on_gpu = torch.device(device).type == "cuda"
+    engine = RolloutEngine.from_pretrained(
+        target_path, max_num_seqs=64, seed=seed, device=device, dtype=torch.bfloat16 if on_gpu else torch.float32
+    )
     # The drafter shares the target's embedding and LM head and never trains them: without this, every step would
     # compute (and keep) vocab x hidden gradients for both.
     engine.model.requires_grad_(False)
@@ -144,7 +152,14 @@ def warmup_drafter(
     num_tokens = sum(s.num_tokens for s in samples)
     logger.info("%d samples (%d tokens) ready in %.1f s", len(samples), num_tokens, generate_seconds)
 
-    trainer = _trainer(engine, samples, init_from, config, seed)
+    target = engine.model
+    if on_gpu:  # the whole bf16 target served the answers; training needs the shared parts only, in fp32
+        from verl_tlt.modeling.weights import load_drafter_parts
+
+        del engine, target
+        torch.cuda.empty_cache()
+        target = load_drafter_parts(target_path, device=device).requires_grad_(False)
+    trainer = _trainer(target, samples, init_from, config, seed)
     state = Path(state_dir) if state_dir is not None else state_dir_of(out_dir)
     resumed = _resume(trainer, state) if resume else 0
     gap = teacher_loss_gap(trainer, samples) if config.teacher_top_k else {}
@@ -169,10 +184,10 @@ def warmup_drafter(
     )
 
 
-def _trainer(engine, samples: list[DrafterSample], init_from: str | None, config: DrafterConfig, seed: int):
+def _trainer(target, samples: list[DrafterSample], init_from: str | None, config: DrafterConfig, seed: int):
     from verl_tlt.drafter.load import load_eagle
 
-    model = load_eagle(init_from, engine.model) if init_from else EagleDrafterModel.from_target(engine.model)
+    model = load_eagle(init_from, target) if init_from else EagleDrafterModel.from_target(target)
     num_tokens = sum(s.num_tokens for s in samples)
     trainer = DrafterTrainer(model, DrafterDataBuffer(max_tokens=max(num_tokens, 2)), config, seed=seed)
     trainer.add_samples(samples)
