@@ -5,8 +5,9 @@
 # (e.g. copy toy-target-v1-seed0 and toy-drafter-v5-toy-target-v1-seed0-steps1200 into .gpu_cache/, which git
 # ignores, and set VERL_TLT_CACHE=$PWD/.gpu_cache: nothing then needs training on the GPU machine).
 # Each step has its own time limit and the script goes on after a failure, so that one broken step does not cost
-# the rest of a short GPU session; the limits add up to about 15 minutes. To fit a shorter session, name the steps to
-# run: GPU_CHECKS_STEPS="gpu_tests verify_qwen2.5-7b" bash scripts/gpu_checks.sh OUT_DIR (default: all of them).
+# the rest of a short GPU session; the limits add up to about 25 minutes, more than one session's device time: name the
+# steps to run, e.g. GPU_CHECKS_STEPS="spot_7b verify_qwen2.5-7b" bash scripts/gpu_checks.sh OUT_DIR (default: all).
+# spot_7b and verify_qwen2.5-7b need only torch and transformers and no cache: the drafter placement issue's check.
 # Results: OUT_DIR/*.json and *.log.
 set -u
 out="${1:?usage: scripts/gpu_checks.sh OUT_DIR}"
@@ -28,7 +29,15 @@ step() {  # step NAME SECONDS COMMAND...
 
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 step gpu_tests 150 "$python" -m pytest -q -m gpu tests/engine/test_engine_cuda.py tests/engine/drafts/test_eagle_forward.py \
-    tests/bench/test_verify_bench.py tests/drafter/test_precision.py
+    tests/bench/test_verify_bench.py tests/drafter/test_precision.py tests/drafter/test_spot.py \
+    tests/bench/test_spot_bench.py tests/warmup/test_cli.py
+# Spot training on the GPU at the 7B drafter's shape (152k head, random weights, the worker's own SpotTrainer): trained
+# tokens/s and peak memory at 4096 tokens for depths 1 and 3, onload/offload and stop latency, nothing left on the
+# device after offload, the per-step score on 16k tokens, bf16 vs fp32 loss, and in-place weight copies into a
+# CUDA-graph-captured drafter forward against eager. Goals: >= 20k tokens/s at depth 1, stop <= 0.5 s, onload +
+# offload <= 2 s. Estimated (never run): the 7B parts built on the host (about 20 s), then under 3 minutes.
+step spot_7b 420 "$python" -m verl_tlt.cli bench spot --device cuda --shape qwen2.5-7b --depths 1 3 \
+    --json "$out/spot_7b_cuda.json"
 step sd_graphs 120 "$python" -m verl_tlt.cli bench sd curve --device cuda --cuda-graphs --strategies 4_1_4 2_1_2 \
     --acceptance-prompts 8 --json "$out/sd_graphs.json"
 step sd_plain 120 "$python" -m verl_tlt.cli bench sd curve --device cuda --strategies 4_1_4 2_1_2 \

@@ -54,20 +54,24 @@ def test_the_vllm_sd_bench_reports_every_ratio_with_greedy_identity(tmp_path, ca
     ]
     run_with_traceback_on_timeout(command, tmp_path / "bench.log", timeout_s=540)
     result = json.loads(out.read_text())
-    # One K keeps the engines to four (plain, fixed K, gated K, adaptive): each vLLM engine start costs tens of
-    # seconds on 2 cores. The adaptive policy still chooses, between K=4 and plain.
+    # One K keeps the engines to five (plain, vLLM's static K, the K=0 tax, TLT's gated K, adaptive): each vLLM
+    # engine start costs tens of seconds on 2 cores. The adaptive policy still chooses, between K=4 and plain.
     assert result["backend"] == "vllm" and result["ks"] == [4]
     assert [(r["k"], r["batch_size"]) for r in result["rows"]] == [(4, 1), (4, 4)]
+    assert [(r["k"], r["batch_size"]) for r in result["dynamic_k0_rows"]] == [(0, 1), (0, 4)]
     # The gated engine, at the batch sizes above the threshold.
     assert [(r["k"], r["batch_size"]) for r in result["gated_rows"]] == [(4, 4)]
     assert result["greedy_identical_everywhere"] is True
-    for row in result["rows"] + result["gated_rows"]:
+    for row in result["rows"] + result["gated_rows"] + result["dynamic_k0_rows"]:
         assert row["speedup"] > 0 and row["plain_tokens_per_s"] > 0
     assert all(r["acceptance_length"] > 1.5 for r in result["rows"])  # the warmed-up drafter is accepted
+    assert all(r["sd_step_share"] == 0 for r in result["dynamic_k0_rows"])  # K=0 everywhere: never a draft verified
     assert all(r["sd_step_share"] < 0.5 for r in result["gated_rows"])  # above the threshold: mostly plain steps
-    assert result["best_k_at_smallest_batch"] == 4 and result["smallest_batch"] == 1
-    assert set(result["long_tail"]) == {"K=4", "adaptive", "plain"}
-    assert result["long_tail_best_fixed"] == "K=4" and result["adaptive_vs_best_fixed"] > 0
+    assert result["best_static_k_at_smallest_batch"] == 4 and result["smallest_batch"] == 1
+    assert set(result["long_tail"]) == {"static K=4", "gated K=4", "adaptive", "plain"}
+    assert result["long_tail_best_static"] == "static K=4" and result["adaptive_vs_best_static"] > 0
+    assert result["long_tail_best_gated"] == "gated K=4" and result["adaptive_vs_best_gated"] > 0
+    assert result["dynamic_k0_speedup_min"] > 0
 
 
 def run_with_traceback_on_timeout(command: list[str], log_path, timeout_s: float) -> None:

@@ -11,6 +11,7 @@ import argparse
 from verl_tlt.bench.drafter_train_cli import add_drafter_train
 from verl_tlt.bench.grpo_memory_cli import add_grpo_memory
 from verl_tlt.bench.sd_cli import add_model_argument, add_sd, subject_of
+from verl_tlt.bench.spot_cli import add_spot
 from verl_tlt.commands import add_command, add_group, options, positive_int, run_alone, usage_error
 
 
@@ -25,6 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         _add_replay,
         _add_drafter_replay,
         add_drafter_train,
+        add_spot,
         add_grpo_memory,
     ):
         add(bench)

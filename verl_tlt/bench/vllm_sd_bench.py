@@ -9,13 +9,17 @@ batches of B fresh prompts are decoded to completion by both engines in turn (pl
 tokens/s summed over the rounds and their ratio are printed and saved, with the greedy outputs compared
 (``greedy_identical``) and the acceptance length read from vLLM's spec-decode stats. Ratios from one run.
 
-Three measurements, each interleaving its engines round by round so machine drift hits them alike:
-- fixed K: one SD engine per K (``--ks``), speculating at every batch size, against plain at each batch size;
+Four measurements, each interleaving its engines round by round so machine drift hits them alike:
+- vLLM's own static SD: one engine per K (``--ks``) with only ``speculative_config`` (K at every step, no
+  per-batch-size schedule, no TLT scheduler), against plain at each batch size;
+- the tax of vLLM's dynamic SD: an engine whose per-batch-size schedule says K=0 at every batch size (its drafter
+  still runs its first pass), against plain at each batch size (vllm#49548 reports +6.6-21.6% TPOT on an H100);
 - the threshold gate: one engine per K with TLT's schedule (K up to ``--threshold`` running requests, plain above),
   against plain at the batch sizes above the threshold, where it must cost (almost) nothing;
-- the long tail: a rollout of ``--long-tail-prompts`` prompts (answers of very different lengths) decoded by
-  each gated fixed-K engine and by the engine with TLT's adaptive K policy (``k_scheduler``); the policy's tokens/s
-  against the best fixed K's. Every engine decodes one untimed rollout first (the policy learns there too).
+- the long tail: a rollout of ``--long-tail-prompts`` prompts (answers of very different lengths) decoded by plain
+  vLLM, each static-K engine, each gated fixed-K engine and the engine with TLT's adaptive K policy
+  (``k_scheduler``): TLT's gated and adaptive paths against plain and against the best static K. Every engine
+  decodes one untimed rollout first (the policy learns there too).
 Must run under ``if __name__ == "__main__"`` (vLLM spawns its engine core); the CLI does.
 """
 
@@ -89,20 +93,20 @@ class _Setup:
         engine.generate(self.prompts[:2], 8)
         return engine
 
-    def sd_engine(self, k: int, *, gated: bool, adaptive: bool = False):
-        """K=k at every batch size (gated: TLT's schedule, plain above the threshold); k=0 with adaptive: TLT's
-        K policy over every K."""
+    def sd_engine(self, k: int, *, mode: str):
+        """mode static: vLLM's own SD at K=k; gated: TLT's schedule at K=k (plain above the threshold); adaptive
+        (k=0): TLT's K policy over every K; tax: a per-batch-size schedule of K=0 everywhere (max K drafted never)."""
         from verl_tlt.integrations.vllm.local_engine import LocalVllmEngine
 
         chains = (k,) if k else tuple(self.ks)
         speculative = SpeculativeConfig(threshold=self.threshold, strategies=tuple(f"{d}_1_{d}" for d in chains))
-        schedule = None if gated else [[1, self.max_seqs, k]]
         engine = LocalVllmEngine(
             self.target,
             drafter_dir=self.drafter,
             speculative=speculative,
-            schedule=schedule,
-            adaptive=adaptive,
+            schedule=[[1, self.max_seqs, 0]] if mode == "tax" else None,
+            adaptive=mode == "adaptive",
+            static=mode == "static",
             **self.common,
         )
         engine.generate(self.prompts[:2], 8)
@@ -125,41 +129,60 @@ def run(
     gated_sizes = [b for b in batch_sizes if not SpeculationGate(threshold).speculates(b)]
     progress = Progress(
         "bench sd vllm",
-        rounds * (len(ks) * len(batch_sizes) + len(ks) * len(gated_sizes) + 1),
+        rounds * ((len(ks) + 1) * len(batch_sizes) + len(ks) * len(gated_sizes) + 1),
         unit="rounds",
     )
     plain = setup.plain_engine()
+    static: dict = {}
     try:
-        rows = _fixed_k_rows(setup, plain, batch_sizes, max_tokens, progress)
-        gated_rows, long_tail = _gated_and_long_tail(setup, plain, gated_sizes, max_tokens, progress)
+        static = {k: setup.sd_engine(k, mode="static") for k in ks}  # kept for the long tail
+        rows = _static_k_rows(setup, plain, static, batch_sizes, max_tokens, progress)
+        tax_rows = _dynamic_tax_rows(setup, plain, batch_sizes, max_tokens, progress)
+        gated_rows, long_tail = _gated_and_long_tail(setup, plain, static, gated_sizes, max_tokens, progress)
     finally:
-        plain.close()
-    result = _summary(setup, rows, gated_rows, long_tail, min(batch_sizes), max_tokens)
+        for engine in (*static.values(), plain):
+            engine.close()
+    result = _summary(setup, rows, tax_rows, gated_rows, long_tail, min(batch_sizes), max_tokens)
     if json_path:
         write_json(json_path, result)
     return result
 
 
-def _fixed_k_rows(setup: _Setup, plain, batch_sizes: list[int], max_tokens: int, progress: Progress) -> list[dict]:
+def _static_k_rows(
+    setup: _Setup, plain, static: dict, batch_sizes: list[int], max_tokens: int, progress: Progress
+) -> list[dict]:
+    """vLLM's own SD (only `speculative_config`) at each K against plain, per batch size."""
     rows = []
-    for k in setup.ks:
-        engine = setup.sd_engine(k, gated=False)
-        try:
-            for batch_size in batch_sizes:
-                row = {"k": k, **bench_batch(plain, engine, setup.batches(batch_size), max_tokens, progress, f"K={k}")}
-                rows.append(row)
-                _print_row(f"K={k}", row)
-        finally:
-            engine.close()
+    for k, engine in static.items():
+        for batch_size in batch_sizes:
+            row = {"k": k, **bench_batch(plain, engine, setup.batches(batch_size), max_tokens, progress, f"K={k}")}
+            rows.append(row)
+            _print_row(f"static K={k}", row)
+    return rows
+
+
+def _dynamic_tax_rows(setup: _Setup, plain, batch_sizes: list[int], max_tokens: int, progress: Progress) -> list[dict]:
+    """An engine whose per-batch-size schedule never drafts (K=0 everywhere) against plain: what vLLM's dynamic SD
+    costs by itself, the price TLT's gated path pays above the threshold."""
+    engine = setup.sd_engine(max(setup.ks), mode="tax")
+    rows = []
+    try:
+        for batch_size in batch_sizes:
+            row = {"k": 0, **bench_batch(plain, engine, setup.batches(batch_size), max_tokens, progress, "K=0 tax")}
+            rows.append(row)
+            _print_row("dynamic K=0", row)
+    finally:
+        engine.close()
     return rows
 
 
 def _gated_and_long_tail(
-    setup: _Setup, plain, gated_sizes: list[int], max_tokens: int, progress: Progress
+    setup: _Setup, plain, static: dict, gated_sizes: list[int], max_tokens: int, progress: Progress
 ) -> tuple[list[dict], dict]:
-    """The gated engines above the threshold, then the long tail on them and on the adaptive engine."""
-    gated = {k: setup.sd_engine(k, gated=True) for k in setup.ks}
-    adaptive = setup.sd_engine(0, gated=True, adaptive=True)
+    """The gated engines above the threshold, then the long tail on them, on vLLM's static engines and on the
+    adaptive engine."""
+    gated = {k: setup.sd_engine(k, mode="gated") for k in setup.ks}
+    adaptive = setup.sd_engine(0, mode="adaptive")
     gated_rows = []
     try:
         for k, engine in gated.items():
@@ -167,7 +190,11 @@ def _gated_and_long_tail(
                 row = {"k": k, **bench_batch(plain, engine, setup.batches(batch_size), max_tokens, progress, "gated")}
                 gated_rows.append(row)
                 _print_row(f"gated K={k}", row)
-        engines = {**{f"K={k}": e for k, e in gated.items()}, "adaptive": adaptive}
+        engines = {
+            **{f"static K={k}": e for k, e in static.items()},
+            **{f"gated K={k}": e for k, e in gated.items()},
+            "adaptive": adaptive,
+        }
         long_tail = _long_tail(plain, engines, setup.tail_prompts, setup.tail, max_tokens, progress)
     finally:
         for engine in (*gated.values(), adaptive):
@@ -175,10 +202,16 @@ def _gated_and_long_tail(
     return gated_rows, long_tail
 
 
-def _summary(setup: _Setup, rows, gated_rows, long_tail: dict, smallest_batch: int, max_tokens: int) -> dict:
+def _summary(setup: _Setup, rows, tax_rows, gated_rows, long_tail: dict, smallest_batch: int, max_tokens: int) -> dict:
     at_smallest = [r for r in rows if r["batch_size"] == smallest_batch]
     batch_1 = max(at_smallest, key=lambda r: r["speedup"])
-    best_fixed = max((name for name in long_tail if name.startswith("K=")), key=lambda n: long_tail[n]["tokens_per_s"])
+
+    def best(prefix: str) -> str:
+        names = [name for name in long_tail if name.startswith(prefix)]
+        return max(names, key=lambda n: long_tail[n]["tokens_per_s"])
+
+    best_static, best_gated = best("static K="), best("gated K=")
+    adaptive = long_tail["adaptive"]["tokens_per_s"]
     result = {
         "benchmark": "sd",
         "backend": "vllm",
@@ -190,26 +223,31 @@ def _summary(setup: _Setup, rows, gated_rows, long_tail: dict, smallest_batch: i
         "rounds": setup.rounds,
         "ks": setup.ks,
         "threshold": setup.threshold,
-        "best_k_at_smallest_batch": batch_1["k"],
-        "speedup_smallest_batch_best_k": batch_1["speedup"],
+        "best_static_k_at_smallest_batch": batch_1["k"],
+        "static_speedup_smallest_batch_best_k": batch_1["speedup"],
         "smallest_batch": smallest_batch,
+        "dynamic_k0_speedup_min": min(r["speedup"] for r in tax_rows),
+        "dynamic_k0_speedup_max": max(r["speedup"] for r in tax_rows),
         "gated_min_speedup_above_threshold": min((r["speedup"] for r in gated_rows), default=None),
         "long_tail": long_tail,
-        "long_tail_best_fixed": best_fixed,
-        "adaptive_vs_best_fixed": round(
-            long_tail["adaptive"]["tokens_per_s"] / long_tail[best_fixed]["tokens_per_s"], 3
-        ),
-        "greedy_identical_everywhere": all(r["greedy_identical"] for r in rows + gated_rows)
+        "long_tail_best_static": best_static,
+        "long_tail_best_gated": best_gated,
+        "adaptive_vs_plain": long_tail["adaptive"]["speedup"],
+        "adaptive_vs_best_static": round(adaptive / long_tail[best_static]["tokens_per_s"], 3),
+        "adaptive_vs_best_gated": round(adaptive / long_tail[best_gated]["tokens_per_s"], 3),
+        "greedy_identical_everywhere": all(r["greedy_identical"] for r in rows + tax_rows + gated_rows)
         and all(v["greedy_identical"] for v in long_tail.values()),
         "rows": rows,
+        "dynamic_k0_rows": tax_rows,
         "gated_rows": gated_rows,
     }
     print(
-        f"best K at batch {smallest_batch}: {batch_1['k']} ({batch_1['speedup']:.2f}x plain); gated engines above "
-        f"threshold {setup.threshold}: min {result['gated_min_speedup_above_threshold']}x plain; long tail: adaptive "
-        f"{result['adaptive_vs_best_fixed']:.2f}x the best fixed ({best_fixed}), "
-        f"{long_tail['adaptive']['speedup']:.2f}x plain; greedy identical everywhere: "
-        f"{result['greedy_identical_everywhere']}",
+        f"vLLM static SD, best K at batch {smallest_batch}: {batch_1['k']} ({batch_1['speedup']:.2f}x plain); dynamic "
+        f"K=0 everywhere: {result['dynamic_k0_speedup_min']:.2f}-{result['dynamic_k0_speedup_max']:.2f}x plain; "
+        f"gated above threshold {setup.threshold}: min {result['gated_min_speedup_above_threshold']}x plain; long "
+        f"tail: adaptive {result['adaptive_vs_plain']:.2f}x plain, {result['adaptive_vs_best_static']:.2f}x the best "
+        f"static ({best_static}), {result['adaptive_vs_best_gated']:.2f}x the best gated ({best_gated}); greedy "
+        f"identical everywhere: {result['greedy_identical_everywhere']}",
         flush=True,
     )
     return result
@@ -240,7 +278,7 @@ def _long_tail(plain, engines: dict, prompts, size: int, max_tokens: int, progre
             "speedup": round(rate / plain_rate, 3),
             "greedy_identical": identical[name],
         }
-        print(f"long tail ({size} prompts) {name:>9}: {rate:8.1f} tok/s, {rate / plain_rate:.2f}x plain", flush=True)
+        print(f"long tail ({size} prompts) {name:>12}: {rate:8.1f} tok/s, {rate / plain_rate:.2f}x plain", flush=True)
     result["plain"] = {"tokens_per_s": round(plain_rate, 1), "speedup": 1.0, "greedy_identical": True}
     return result
 

@@ -130,6 +130,11 @@ class EagleDrafterModel(nn.Module):
             self._draft_head = (source, rows)
         return self._draft_head[1]
 
+    def drop_derived_weights(self) -> None:
+        """Forget the copy of the head's draft rows (rebuilt on next use): after a move to another device, so no copy
+        stays behind on the old one."""
+        self._draft_head = None
+
     def set_draft_vocab(self, vocab: DraftVocab | None) -> None:
         """Draft over `vocab` from now on (None: the whole vocabulary)."""
         if vocab is not None and vocab.vocab_size != self.spec.vocab_size:

@@ -36,6 +36,7 @@ from verl_tlt.drafter.draft_vocab import DraftVocab, response_token_counts
 from verl_tlt.drafter.evaluate import ESTIMATE_DEPTH, estimated_acceptance_length
 from verl_tlt.drafter.losses import drafter_losses, unrolled_losses
 from verl_tlt.drafter.model import EagleDrafterModel
+from verl_tlt.drafter.offload import FrozenOnload
 from verl_tlt.drafter.precision import autocast_dtype
 from verl_tlt.drafter.teacher import teacher_labels
 from verl_tlt.drafter.unroll import unrolled_forward
@@ -87,6 +88,7 @@ class DrafterTrainer:
         self._vocab_lock = threading.Lock()
         self._save_thread: threading.Thread | None = None
         self._save_error: BaseException | None = None  # set by a failed background save, raised by wait_for_save
+        self._target_onload: FrozenOnload | None = None  # the target parts' device copy during a burst
 
     # ----- where it trains ------------------------------------------------------------------------------------
 
@@ -97,13 +99,21 @@ class DrafterTrainer:
         if device == self.device:
             return
         self.model.to(device)
-        self.model.target.to(device)
+        # The frozen target parts: copied to a device with their host tensors kept, and pointed back at them when
+        # they return (drafter.offload); the drafter's own weights and moments change, so they travel both ways.
+        if self._target_onload is not None:
+            self._target_onload.offload()
+            self._target_onload = None
+        if device.type != "cpu":
+            self._target_onload = FrozenOnload(self.model.target, device)
+        else:
+            self.model.target.to(device)
         for state in self.optimizer.state.values():
             for key, value in state.items():
                 # AdamW keeps its step count as a 0-d CPU tensor (unless capturable): it stays where it is.
                 if torch.is_tensor(value) and value.dim() > 0:
                     state[key] = value.to(device)
-        self.model.target.invalidate_weight_caches()  # caches derived from the weights (the draft head's rows)
+        self.model.drop_derived_weights()  # the draft head's rows were cut on the other device
         self.device = device
         self.autocast = autocast_dtype(device) if self.dtype == torch.float32 else None
 
@@ -112,6 +122,8 @@ class DrafterTrainer:
         device = torch.device(device)
         found = [f"drafter.{n}" for n, t in self.model.state_dict().items() if t.device.type != device.type]
         found += [f"target.{n}" for n, t in self.model.target.state_dict().items() if t.device.type != device.type]
+        if self.model._draft_head is not None and self.model._draft_head[1].device.type != device.type:
+            found.append("drafter.draft_head_rows")
         for index, state in enumerate(self.optimizer.state.values()):
             found += [
                 f"optimizer.{index}.{key}"

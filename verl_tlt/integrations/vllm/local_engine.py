@@ -51,10 +51,12 @@ class LocalVllmEngine:
         schedule: list[list[int]] | None = None,
         num_speculative_tokens: int | None = None,
         adaptive: bool = False,
+        static: bool = False,
     ):
         """drafter_dir None: plain decoding. schedule / num_speculative_tokens override what `speculative` gives
         (a fixed K for benchmarks: schedule [[1, max_num_seqs, K]]). adaptive: TLT's per-step K policy
-        (``k_scheduler``) instead of the static schedule."""
+        (``k_scheduler``) instead of the static schedule. static: vLLM's own SD, K = the deepest chain at every
+        step with no per-batch-size schedule (what a user who sets only ``speculative_config`` gets)."""
         self.model = model
         cpu_engine_env()
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -70,6 +72,8 @@ class LocalVllmEngine:
                 spec["num_speculative_tokens"] = num_speculative_tokens
             if schedule is not None:
                 spec["num_speculative_tokens_per_batch_size"] = schedule
+            if static:
+                spec.pop("num_speculative_tokens_per_batch_size", None)
         args = AsyncEngineArgs(
             model=model,
             skip_tokenizer_init=True,
