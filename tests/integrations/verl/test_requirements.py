@@ -157,3 +157,9 @@ def test_group_drafts_are_refused_on_vllm_with_the_fix():
     message = _vllm_refusal({}, GROUP_DRAFTS)
     assert "group drafts run in verl-tlt's torch rollout only" in message
     assert "Fix: tlt.speculative.group_drafts=false, or actor_rollout_ref.rollout.name=torch" in message
+
+
+def test_drafter_device_cuda_is_refused_on_the_torch_rollout_whose_replicas_hold_no_gpu():
+    message = _refusal(_verl_config({"enabled": True, "drafter": {"device": "cuda"}}))
+    assert "tlt.drafter.device=cuda" in message and "tlt.drafter.device=auto" in message
+    assert check_requirements(_verl_config({"enabled": True, "drafter": {"device": "cpu"}})).drafter.device == "cpu"

@@ -89,6 +89,13 @@ def _check_rollout(config: Mapping[str, Any], tlt_cfg: TLTConfig) -> None:
         )
     if tlt_cfg.speculative.group_drafts:
         _check_group_identity(config)
+    if tlt_cfg.drafter.device == "cuda" and tlt_cfg.drafter.train:
+        raise TLTNotAvailableError(
+            f"{ROOT_KEY}.drafter.device=cuda trains each drafter on its rollout replica's GPU, but the "
+            f"{TORCH_ROLLOUT_NAME} rollout runs on the host CPU (its replicas hold no GPU). Fix: "
+            f"{ROOT_KEY}.drafter.device=auto (the host CPU here, the replica's GPU on vLLM) or "
+            f"actor_rollout_ref.rollout.name={VLLM_ROLLOUT_NAME}."
+        )
 
 
 def _check_group_identity(config: Mapping[str, Any]) -> None:
