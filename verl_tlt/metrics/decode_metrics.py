@@ -12,23 +12,23 @@ from verl_tlt.spec.strategy import SpecStrategy
 
 def strategy_acceptance(stats: list[dict]) -> dict[str, float]:
     """Acceptance length per strategy over several engines' `DecodeStats.as_dict()`: committed tokens / rows."""
-    rows: Counter = Counter()
-    tokens: Counter = Counter()
-    for entry in stats:
-        rows.update(entry.get("sd_rows_by_strategy") or {})
-        tokens.update(entry.get("sd_tokens_by_strategy") or {})
-    return {name: tokens[name] / count for name, count in rows.items() if count}
+    return _tokens_per_row(stats, "strategy")
 
 
 def position_acceptance(stats: list[dict]) -> dict[str, float]:
     """Acceptance length per response-position bucket over several engines' `DecodeStats.as_dict()`: tokens committed
     per verified row by rows that stood in that bucket of their response."""
+    return _tokens_per_row(stats, "position")
+
+
+def _tokens_per_row(stats: list[dict], by: str) -> dict[str, float]:
+    """sd_tokens_by_<by> / sd_rows_by_<by> summed over engines, per key."""
     rows: Counter = Counter()
     tokens: Counter = Counter()
     for entry in stats:
-        rows.update(entry.get("sd_rows_by_position") or {})
-        tokens.update(entry.get("sd_tokens_by_position") or {})
-    return {bucket: tokens[bucket] / count for bucket, count in rows.items() if count}
+        rows.update(entry.get(f"sd_rows_by_{by}") or {})
+        tokens.update(entry.get(f"sd_tokens_by_{by}") or {})
+    return {key: tokens[key] / count for key, count in rows.items() if count}
 
 
 def source_metrics(stats: list[dict]) -> dict[str, float]:
