@@ -7,8 +7,9 @@ token ids and unit-scale hidden states in SAMPLE_TOKENS-token samples, labelled 
 (`--depths`):
 - onload and offload: the burst's move of drafter, optimizer moments and shared head onto the device and back;
 - trained tokens/s and peak device memory over `rounds` optimizer steps of `--tokens` pairs (after one untimed step);
-- stop latency: from `stop()` during an open-ended burst to the drafter back in host memory (the step in flight,
-  then the offload), and what is left on the device afterwards (nothing of the trainer's; bytes the allocator holds);
+- stop latency: from `stop()`, half a step into an open-ended burst, to the drafter back in host memory (the rest of
+  the step in flight, then the offload), and what is left on the device afterwards (nothing of the trainer's; the
+  bytes the allocator still holds);
 then, once: the per-step score's cost on `--eval-tokens` tokens (online and frozen drafter, on the device); the loss
 of one batch under bf16 autocast against fp32 (their relative difference); and, on CUDA, a drafter forward captured
 in a CUDA graph, replayed after the drafter's weights were copied in place (what vLLM's loads do to its captured
@@ -92,11 +93,13 @@ def measure_depth(target, shape: BenchModel, samples: list, depth: int, tokens: 
     report, _ = _burst(spot, rounds, sync)
     peak = memory.stop()
     moves = dict(spot.last_offload)
-    # Stop latency: an open-ended burst, stopped once it has taken two steps.
+    # Stop latency: an open-ended burst, stopped half a step after its second step ended (a stop lands inside a step:
+    # it waits for that step, then the offload).
     steps_before = spot.trainer.global_step
     assert spot.start(), "the burst did not start"
     while spot.trainer.global_step < steps_before + 2 and spot.is_running:
         time.sleep(0.001)
+    time.sleep(0.5 * report.seconds / max(report.steps, 1))
     begin = time.perf_counter()
     spot.stop()
     sync()
