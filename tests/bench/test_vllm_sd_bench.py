@@ -65,7 +65,9 @@ def test_the_vllm_sd_bench_reports_every_ratio_with_greedy_identity(tmp_path, ca
     for row in result["rows"] + result["gated_rows"] + result["dynamic_k0_rows"]:
         assert row["speedup"] > 0 and row["plain_tokens_per_s"] > 0
     assert all(r["acceptance_length"] > 1.5 for r in result["rows"])  # the warmed-up drafter is accepted
-    assert all(r["sd_step_share"] == 0 for r in result["dynamic_k0_rows"])  # K=0 everywhere: never a draft verified
+    assert all(
+        r["sd_step_share"] == 0 and r["acceptance_length"] is None for r in result["dynamic_k0_rows"]
+    )  # never a draft
     assert all(r["sd_step_share"] < 0.5 for r in result["gated_rows"])  # above the threshold: mostly plain steps
     assert result["best_static_k_at_smallest_batch"] == 4 and result["smallest_batch"] == 1
     assert set(result["long_tail"]) == {"static K=4", "gated K=4", "adaptive", "plain"}

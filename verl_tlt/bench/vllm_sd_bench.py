@@ -25,6 +25,8 @@ Must run under ``if __name__ == "__main__"`` (vLLM spawns its engine core); the 
 
 from __future__ import annotations
 
+import math
+
 from verl_tlt.bench.host import host_info
 from verl_tlt.bench.subject import BenchSubject
 from verl_tlt.config import SpeculativeConfig
@@ -56,7 +58,8 @@ def bench_batch(plain, sd, rounds: list[list[list[int]]], max_tokens: int, progr
         "plain_tokens_per_s": round(plain_tokens / plain_s, 1),
         "sd_tokens_per_s": round(sd_tokens / sd_s, 1),
         "speedup": round((sd_tokens / sd_s) / (plain_tokens / plain_s), 3),
-        "acceptance_length": round(overall_acceptance(stats), 3),
+        # None where nothing was verified (an engine that never drafts): JSON has no NaN.
+        "acceptance_length": round(acceptance, 3) if math.isfinite(acceptance := overall_acceptance(stats)) else None,
         "sd_step_share": round(stats["sd_step_share"], 3),
         "greedy_identical": identical,
     }
@@ -287,7 +290,8 @@ def _print_row(label: str, row: dict) -> None:
     print(
         f"{label:>12} bs={row['batch_size']:>3}: plain {row['plain_tokens_per_s']:>8.1f} tok/s, SD "
         f"{row['sd_tokens_per_s']:>8.1f} tok/s, speedup {row['speedup']:.2f}x, acceptance "
-        f"{row['acceptance_length']:.2f}, SD steps {row['sd_step_share']:.0%}, identical {row['greedy_identical']}",
+        f"{row['acceptance_length'] or 0:.2f}, SD steps {row['sd_step_share']:.0%}, "
+        f"identical {row['greedy_identical']}",
         flush=True,
     )
 
