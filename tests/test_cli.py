@@ -41,6 +41,7 @@ LEAVES = [
     ("bench", "replay"),
     ("bench", "drafter-replay"),
     ("bench", "drafter-train"),
+    ("bench", "spot"),
     ("bench", "grpo-memory"),
 ]
 REPO_ROOT = Path(__file__).resolve().parents[1]
