@@ -123,6 +123,7 @@ class SpotTrainer:
             "running": self.is_running,
             "version": self.version,
             "total_steps": self.total_steps,
+            "global_step": self.trainer.global_step,  # live: counts a running burst's steps as they happen
             "buffer_samples": len(self.trainer.buffer),
             "buffer_tokens": self.trainer.buffer.num_tokens,
             "last_error": self.last_error,

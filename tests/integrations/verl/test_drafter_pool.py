@@ -194,3 +194,45 @@ def test_a_slow_score_is_late_not_a_lost_worker(workers):
     assert pool.settle() is None  # the late score is stale by now: dropped, not reported as this step's
     assert all(pool.alive) and ray.get(workers[0].get_calls.remote()).count("evaluate") == 1
     assert pool.start([0]) == 0  # free again
+
+
+def test_an_injected_out_of_memory_in_a_real_worker_ends_the_burst_and_the_pool_goes_on(ray_cluster, tmp_path_factory):
+    """A real DrafterWorker actor whose first burst runs out of device memory: the pool keeps it, the next burst
+    trains (what keeps the RL run going: no exception reaches the trainer, no worker is lost)."""
+    import torch
+
+    from tests.engine.conftest import build_tiny_model
+    from verl_tlt.config import DrafterConfig
+    from verl_tlt.drafter.data import DrafterSample
+    from verl_tlt.drafter.worker import DrafterWorker
+    from verl_tlt.modeling.weights import load_drafter_parts
+
+    path = tmp_path_factory.mktemp("oom_target")
+    build_tiny_model("qwen2", path)
+    target = load_drafter_parts(str(path))
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, target.spec.vocab_size, (24,), generator=generator)
+    hidden = torch.randn(24, target.spec.hidden_size, generator=generator)
+    sample = DrafterSample(ids, hidden, torch.arange(24) >= 4)
+    config = DrafterConfig(max_tokens_per_batch=64)
+    actors = [
+        ray.remote(DrafterWorker).remote(str(path), config, rank=rank, num_threads=1, fault="oom_on_start=1")
+        for rank in range(2)
+    ]
+    try:
+        pool = DrafterPool(actors)
+        pool.score_and_add([sample])
+        assert pool.start([0]) == 0
+        status = pool.stop()
+        assert status["memory_stops"] == 1 and status["burst_steps"] == 0 and "out of memory" in status["last_error"]
+        assert all(pool.alive) and pool.failures == 0
+        assert pool.start([0]) == 0  # the worker's second burst: no fault
+        deadline = time.monotonic() + 60
+        while not pool.status()["global_step"]:
+            assert time.monotonic() < deadline, "hang guard: no training step within 60 s"
+            time.sleep(0.05)
+        status = pool.stop()
+        assert status["total_steps"] >= 1 and status["version"] == 1 and status["last_error"] is None
+    finally:
+        for actor in actors:
+            ray.kill(actor)
