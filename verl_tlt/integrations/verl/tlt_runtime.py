@@ -46,6 +46,9 @@ logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
 
 # Loading a drafter into a replica is a state-dict copy; a replica that takes longer than this is treated as failed.
 DRAFTER_SYNC_TIMEOUT_S = 300.0
+# Freeing or restoring a drained replica's KV cache (a sleep and a wake-up at most): the coordinator's thread waits
+# for it, and must not hold the rollout's end for long if a replica hangs.
+KV_LENDING_TIMEOUT_S = 30.0
 
 CHECKPOINT_DIR = "tlt_drafter"
 SPOT_CHECKPOINT_DIR = "tlt_spot"
@@ -207,7 +210,7 @@ class TLTRuntime:
 
         Failures are logged: the burst then trains in whatever memory is left (an out-of-memory ends it)."""
         try:
-            if ray.get(self.servers[rank].free_for_training.remote(), timeout=DRAFTER_SYNC_TIMEOUT_S):
+            if ray.get(self.servers[rank].free_for_training.remote(), timeout=KV_LENDING_TIMEOUT_S):
                 self._freed.add(rank)
         except Exception as error:
             logger.warning("TLT: rollout replica %d could not free memory for the drafter (%s)", rank, error)
@@ -217,7 +220,7 @@ class TLTRuntime:
         freed, self._freed = sorted(self._freed), set()
         for rank in freed:
             try:
-                ray.get(self.servers[rank].restore_after_training.remote(), timeout=DRAFTER_SYNC_TIMEOUT_S)
+                ray.get(self.servers[rank].restore_after_training.remote(), timeout=KV_LENDING_TIMEOUT_S)
             except Exception as error:  # the server's own sleep and next request restore it too
                 logger.warning("TLT: rollout replica %d could not restore its KV cache (%s)", rank, error)
 
