@@ -14,16 +14,17 @@ from pathlib import Path
 from verl_tlt.drafter.export import export_eagle
 from verl_tlt.drafter.load import load_eagle
 from verl_tlt.drafter.model import EagleDrafterModel
-from verl_tlt.modeling.weights import load_pretrained
+from verl_tlt.modeling.weights import load_drafter_parts
 
 
 def initial_drafter_export(init: str, target_path: str, out_dir: str | os.PathLike) -> Path:
     """The export directory of the drafter `init` names for the target at `target_path`.
 
     An export is validated against the target (a drafter that does not fit fails here, naming what differs) and
-    returned unchanged; "target" is built and written to `out_dir`.
+    returned unchanged; "target" is built and written to `out_dir`. Only the target's parts a drafter uses are read
+    (embedding, head, last layer): a rollout server never holds a second whole copy of the target for this.
     """
-    target, _ = load_pretrained(target_path)
+    target = load_drafter_parts(target_path)
     if init != "target":
         load_eagle(init, target)  # raises ValueError naming the path and the mismatch
         return Path(init)
