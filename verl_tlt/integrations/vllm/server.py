@@ -137,16 +137,17 @@ class TLTvLLMHttpServer(RolloutBookkeeping, vLLMHttpServer):
     async def generate(
         self, prompt_ids: list[int], sampling_params: dict[str, Any], request_id: str, *args: Any, **kwargs: Any
     ):
-        if self._kv_lent:  # a request after this replica drained (and lent its KV cache to the drafter): take it back
-            await self.restore_after_training()
-        if self._test_due:
-            async with self._self_test_lock:  # every request waits for the test; the first one runs it
-                if self._test_due:
-                    await self._self_test_before_rollout()
-        self._self_test.remember(prompt_ids)  # its probe: the first prompt served (a no-op once it has one)
-        self.trace.on_submit()
+        # Counted from the start: a replica with a request on its way never lends its KV cache (free_for_training).
         self._in_flight += 1
         try:
+            if self._kv_lent:  # a request after the replica drained and lent its KV cache to a burst: take it back
+                await self.restore_after_training()
+            if self._test_due:
+                async with self._self_test_lock:  # every request waits for the test; the first one runs it
+                    if self._test_due:
+                        await self._self_test_before_rollout()
+            self._self_test.remember(prompt_ids)  # its probe: the first prompt served (a no-op once it has one)
+            self.trace.on_submit()
             output = await super().generate(prompt_ids, sampling_params, request_id, *args, **kwargs)
         finally:
             self._in_flight -= 1
@@ -185,9 +186,16 @@ class TLTvLLMHttpServer(RolloutBookkeeping, vLLMHttpServer):
         async with self._kv_lock:
             if self._kv_lent or self._in_flight or self.node_rank != 0:
                 return False
-            await self.engine.sleep(level=1)
-            await self.engine.wake_up(tags=["weights"])
+            # Set first: a request that arrives during the sleep (which aborts what runs) sees it and waits for this
+            # lock in restore_after_training, then takes the KV cache back before it reaches the engine.
             self._kv_lent = True
+            try:
+                await self.engine.sleep(level=1)
+                await self.engine.wake_up(tags=["weights"])
+            except Exception:
+                await self.engine.wake_up()  # whatever the sleep got to: everything back, nothing lent
+                self._kv_lent = False
+                raise
         return True
 
     async def restore_after_training(self) -> None:
