@@ -89,13 +89,19 @@ def test_greedy_rollouts_on_vllm_are_identical_with_tlt_on_and_off(world, target
             assert key in tlt, f"step {m['step']}: missing {key}"
         assert "tlt/rollout/engine_busy_s" not in tlt  # vLLM does not report it: no made-up zero
         assert tlt["tlt/sd/step_share"] > 0 and tlt["tlt/sd/acceptance_length"] >= 1.0
-        # Every replica sampled the step's rollout with the same drafter.
-        assert tlt["tlt/drafter/rollout_version_min"] == tlt["tlt/drafter/rollout_version_max"]
+        # Every replica sampled the step's rollout with the same drafter, unless a replica's self-test refused the
+        # new version (it then keeps the previous one, by design: the drafter here starts from the target and sits
+        # near the test's 10% floor, so a refusal is a real, if rare, outcome).
+        if not tlt["tlt/drafter/self_test_refused"]:
+            assert tlt["tlt/drafter/rollout_version_min"] == tlt["tlt/drafter/rollout_version_max"]
     # The drafter learned on drained replicas, and each step's rollout ran the version pushed after the step before.
     assert any(tlt_metrics(m)["tlt/spot/trained_replica_s"] > 0 for m in on.metrics)
     assert tlt_metrics(on.metrics[-1])["tlt/drafter/total_steps"] >= 1
     for before, after in zip(on.metrics, on.metrics[1:], strict=False):
-        assert tlt_metrics(after)["tlt/drafter/rollout_version_min"] == tlt_metrics(before)["tlt/drafter/version"]
+        ran = tlt_metrics(after)
+        version = "rollout_version_max" if ran["tlt/drafter/self_test_refused"] else "rollout_version_min"
+        if ran["tlt/drafter/self_test_refused"] < 2:  # one replica at most kept its previous drafter
+            assert ran[f"tlt/drafter/{version}"] == tlt_metrics(before)["tlt/drafter/version"]
     assert tlt_metrics(on.metrics[-1])["tlt/drafter/version"] >= 1
     # The replicas self-tested their drafter (before each rollout after the first: the one that follows a sleep or
     # a drafter load), with probe requests that left every rollout above identical.
