@@ -98,16 +98,16 @@ def _resident_bytes() -> int:
     return pages * 4096
 
 
-def _batch_and_labels(shape: BenchModel, target, tokens: int, top_k: int, device: torch.device, seed: int):
-    """One packed batch of `tokens` random pairs (labelled with the target's top-k when top_k > 0), and the seconds
-    the labelling took."""
-    from verl_tlt.drafter.data import DrafterSample, pack
-    from verl_tlt.drafter.teacher import teacher_labels
+def random_samples(shape: BenchModel, tokens: int, seed: int, *, pairs: bool) -> list:
+    """Random token ids and unit-scale hidden states, every position a response, in samples of SAMPLE_TOKENS (the
+    last shorter): `tokens` training pairs in all (pairs=True: each sample one token longer, as T tokens hold T - 1
+    pairs) or `tokens` tokens (pairs=False: whole samples fill a batch of `tokens` tokens exactly)."""
+    from verl_tlt.drafter.data import DrafterSample
 
     generator = torch.Generator().manual_seed(seed)
     samples = []
     for start in range(0, tokens, SAMPLE_TOKENS):
-        length = min(SAMPLE_TOKENS, tokens - start) + 1  # a sample of T tokens has T - 1 pairs
+        length = min(SAMPLE_TOKENS, tokens - start) + int(pairs)
         samples.append(
             DrafterSample(
                 torch.randint(shape.vocab_size, (length,), generator=generator),
@@ -115,6 +115,16 @@ def _batch_and_labels(shape: BenchModel, target, tokens: int, top_k: int, device
                 torch.ones(length, dtype=torch.bool),
             )
         )
+    return samples
+
+
+def _batch_and_labels(shape: BenchModel, target, tokens: int, top_k: int, device: torch.device, seed: int):
+    """One packed batch of `tokens` random pairs (labelled with the target's top-k when top_k > 0), and the seconds
+    the labelling took."""
+    from verl_tlt.drafter.data import pack
+    from verl_tlt.drafter.teacher import teacher_labels
+
+    samples = random_samples(shape, tokens, seed, pairs=True)
     if not top_k:
         return pack(samples), 0.0
     sync = synchronizer(device)

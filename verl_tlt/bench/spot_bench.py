@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from verl_tlt.bench.drafter_train_bench import SAMPLE_TOKENS, SHAPES, PeakMemory
+from verl_tlt.bench.drafter_train_bench import SAMPLE_TOKENS, SHAPES, PeakMemory, random_samples
 from verl_tlt.bench.engine_bench import BenchModel, synchronizer
 from verl_tlt.bench.host import device_info, host_info
 from verl_tlt.config import DrafterConfig
@@ -33,24 +33,6 @@ from verl_tlt.progress import Progress
 
 DEFAULT_TOKENS = 4096  # tlt.drafter.max_tokens_per_batch's default
 DEFAULT_EVAL_TOKENS = 16384  # tlt.drafter.capture_tokens' default: one step's captures
-
-
-def random_samples(shape: BenchModel, tokens: int, seed: int) -> list:
-    """Samples of `tokens` tokens in all: random ids, unit-scale hidden states, every position a response."""
-    from verl_tlt.drafter.data import DrafterSample
-
-    generator = torch.Generator().manual_seed(seed)
-    samples = []
-    for start in range(0, tokens, SAMPLE_TOKENS):
-        length = min(SAMPLE_TOKENS, tokens - start)  # whole samples fill a batch of `tokens` tokens exactly
-        samples.append(
-            DrafterSample(
-                torch.randint(shape.vocab_size, (length,), generator=generator),
-                torch.randn(length, shape.hidden_size, generator=generator),
-                torch.ones(length, dtype=torch.bool),
-            )
-        )
-    return samples
 
 
 def labelled_on(samples: list, head: torch.Tensor, top_k: int, device: torch.device) -> list:
@@ -66,15 +48,14 @@ def labelled_on(samples: list, head: torch.Tensor, top_k: int, device: torch.dev
     return labelled
 
 
-def _burst(spot, max_steps: int | None, sync) -> tuple:
-    """Run a burst to its end (max_steps) and stop it; (report, seconds start to stopped)."""
-    begin = time.perf_counter()
+def _burst(spot, max_steps: int | None, sync):
+    """Run a burst to its end (max_steps) and stop it; its report."""
     assert spot.start(max_steps=max_steps), "the burst did not start"
     while spot.is_running:
         time.sleep(0.001)
     report = spot.stop()
     sync()
-    return report, time.perf_counter() - begin
+    return report
 
 
 def measure_depth(target, shape: BenchModel, samples: list, depth: int, tokens: int, rounds: int, device) -> dict:
@@ -90,7 +71,7 @@ def measure_depth(target, shape: BenchModel, samples: list, depth: int, tokens: 
     _burst(spot, 1, sync)  # untimed: kernels, the allocator, the draft head's rows
     memory = PeakMemory(device)
     memory.start()
-    report, _ = _burst(spot, rounds, sync)
+    report = _burst(spot, rounds, sync)
     peak = memory.stop()
     moves = dict(spot.last_offload)
     # Stop latency: an open-ended burst, stopped half a step after its second step ended (a stop lands inside a step:
@@ -165,11 +146,7 @@ def _loss(trainer, batch, autocast: torch.dtype | None) -> float:
     device = batch.input_hidden.device
     with torch.autocast(device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
         losses = trainer._losses(batch, batch.input_hidden)
-    config = trainer.config
-    return float(
-        config.hidden_loss_weight * losses["hidden_loss"].float()
-        + config.logit_loss_weight * losses["logit_loss"].float()
-    )
+    return float(trainer.weighted_loss(losses))
 
 
 def measure_graph_reload(target, samples: list, device: torch.device) -> dict:
@@ -229,9 +206,11 @@ def run(
     target = build_target(model_spec(shape), "cpu", torch.float32, seed=0).requires_grad_(False)
     top_k = DrafterConfig().teacher_top_k
     samples = labelled_on(
-        random_samples(shape, tokens * (rounds + 4), seed=1), target.lm_head.weight, top_k, torch_device
+        random_samples(shape, tokens * (rounds + 4), seed=1, pairs=False), target.lm_head.weight, top_k, torch_device
     )
-    eval_samples = labelled_on(random_samples(shape, eval_tokens, seed=2), target.lm_head.weight, top_k, torch_device)
+    eval_samples = labelled_on(
+        random_samples(shape, eval_tokens, seed=2, pairs=False), target.lm_head.weight, top_k, torch_device
+    )
     progress.advance(extra="samples labelled")
     rows = []
     for depth in depths:

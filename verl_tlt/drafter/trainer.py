@@ -250,10 +250,7 @@ class DrafterTrainer:
             input_hidden = input_hidden + self.config.input_noise * noise.to(self.device, self.dtype)
         with torch.autocast(self.device.type, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None):
             losses = self._losses(batch, input_hidden)
-        loss = (
-            self.config.hidden_loss_weight * losses["hidden_loss"].float()
-            + self.config.logit_loss_weight * losses["logit_loss"].float()
-        )
+        loss = self.weighted_loss(losses)
         self.optimizer.zero_grad(set_to_none=True)
         if not bool(torch.isfinite(loss)) or not bool(batch.loss_mask.any()):
             self.model.eval()
@@ -277,6 +274,13 @@ class DrafterTrainer:
             "grad_norm": float(grad_norm),
             "num_pairs": float(batch.loss_mask.sum()),
         }
+
+    def weighted_loss(self, losses: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The loss a step minimises: the feature and token losses under the recipe's weights, in fp32."""
+        return (
+            self.config.hidden_loss_weight * losses["hidden_loss"].float()
+            + self.config.logit_loss_weight * losses["logit_loss"].float()
+        )
 
     def _losses(self, batch: PackedBatch, input_hidden: torch.Tensor) -> dict[str, torch.Tensor]:
         if self.config.train_depth == 1:
