@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -51,16 +51,10 @@ def evaluate_drafter(
     device, dtype = model.fc.weight.device, model.fc.weight.dtype
     pairs = agree = accept = coupled = 0.0
     noise_generator = torch.Generator().manual_seed(COUPLING_SEED)
-    chunk: list = []
-    chunks: list[list] = []
     # Long samples in windows, as in training: a packed batch's attention is quadratic in its length.
-    for sample in (piece for whole in samples for piece in windows(whole, max_tokens_per_batch)):
-        if chunk and sum(s.num_tokens for s in chunk) + sample.num_tokens > max_tokens_per_batch:
-            chunks.append(chunk)
-            chunk = []
-        chunk.append(sample)
-    if chunk:
-        chunks.append(chunk)
+    chunks = token_groups(
+        (piece for whole in samples for piece in windows(whole, max_tokens_per_batch)), max_tokens_per_batch
+    )
     chain_coupled = chain_greedy = 0.0
     for part in chunks:
         batch = pack(part).to(device, dtype)
@@ -137,6 +131,20 @@ def _coupled_agreement(draft_logits: torch.Tensor, target_probs: torch.Tensor, g
     return agree / COUPLING_DRAWS
 
 
+def token_groups(samples: Iterable, max_tokens: int) -> list[list]:
+    """`samples` in order, in consecutive groups of at most `max_tokens` tokens (a longer sample alone)."""
+    groups: list[list] = []
+    tokens = 0
+    for sample in samples:
+        if groups and groups[-1] and tokens + sample.num_tokens <= max_tokens:
+            groups[-1].append(sample)
+            tokens += sample.num_tokens
+        else:
+            groups.append([sample])
+            tokens = sample.num_tokens
+    return groups
+
+
 # Per-pair means among evaluate_drafter's keys (merged across groups by their pairs); the est_* keys follow from them.
 _MEAN_KEYS = (
     "top1_accuracy",
@@ -162,14 +170,9 @@ def evaluate_within(
     the shared noise restarts per group (the same for every model).
     """
     begin = clock()
-    groups: list[list] = [[]]
-    for sample in samples:
-        if groups[-1] and sum(s.num_tokens for s in groups[-1]) + sample.num_tokens > max_tokens_per_batch:
-            groups.append([])
-        groups[-1].append(sample)
     parts: dict[str, list[dict[str, float]]] = {name: [] for name in models}
     scored = 0
-    for group in groups:
+    for group in token_groups(samples, max_tokens_per_batch):
         if scored and max_seconds > 0 and clock() - begin >= max_seconds:
             break
         for name, model in models.items():
