@@ -23,15 +23,9 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 def read_checkpoint(path: str, keep: Callable[[str], bool] | None = None) -> Iterable[tuple[str, torch.Tensor]]:
     """Yield (name, tensor) from a local transformers checkpoint directory; with `keep`, only the names it accepts
     (safetensors files are then read tensor by tensor, so the others are never loaded)."""
-    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
-    if files:
-        from safetensors import safe_open
-
-        for file in files:
-            with safe_open(file, framework="pt") as tensors:
-                for name in tensors.keys():  # noqa: SIM118 - safe_open's handle is not iterable
-                    if keep is None or keep(name):
-                        yield name, tensors.get_tensor(name)
+    if glob.glob(os.path.join(path, "*.safetensors")):
+        for name, tensors in _safetensors_entries(path, keep):
+            yield name, tensors.get_tensor(name)
         return
     # .bin or other formats: let transformers read them.
     from transformers import AutoModelForCausalLM
@@ -89,15 +83,19 @@ def load_drafter_parts(
 def header_shapes(path: str, keep: Callable[[str], bool] | None = None) -> dict[str, tuple[int, ...]]:
     """Shape of every tensor `keep` accepts in a checkpoint's safetensors files, read from their headers only (no
     tensor data); empty for checkpoints in other formats."""
+    return {name: tuple(tensors.get_slice(name).get_shape()) for name, tensors in _safetensors_entries(path, keep)}
+
+
+def _safetensors_entries(path: str, keep: Callable[[str], bool] | None) -> Iterable[tuple[str, Any]]:
+    """(name, its open safetensors file) for every tensor `keep` accepts in the checkpoint's safetensors files, in
+    file order; the handle reads that tensor's header or data without loading the others."""
     from safetensors import safe_open
 
-    shapes = {}
     for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
         with safe_open(file, framework="pt") as tensors:
             for name in tensors.keys():  # noqa: SIM118 - safe_open's handle is not iterable
                 if keep is None or keep(name):
-                    shapes[name] = tuple(tensors.get_slice(name).get_shape())
-    return shapes
+                    yield name, tensors
 
 
 def load_weights(model: CausalLM, named_tensors: Iterable[tuple[str, torch.Tensor]], *, strict: bool) -> int:
