@@ -2,31 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
+from verl_tlt.bench.engine_bench import MODELS
+from verl_tlt.bench.random_target import model_spec
 from verl_tlt.drafter.offload import FrozenOnload
-from verl_tlt.modeling.model import CausalLM, ModelSpec
+from verl_tlt.modeling.model import CausalLM
 
 
 def tiny(tied: bool = False) -> CausalLM:
-    spec = ModelSpec(
-        model_type="qwen2",
-        vocab_size=32,
-        hidden_size=8,
-        intermediate_size=16,
-        num_layers=1,
-        num_heads=2,
-        num_kv_heads=1,
-        head_dim=4,
-        rms_norm_eps=1e-6,
-        rope_theta=10000.0,
-        attention_bias=False,
-        output_bias=False,
-        qk_norm=False,
-        tie_word_embeddings=tied,
-        max_position_embeddings=64,
-    )
-    return CausalLM(spec)
+    return CausalLM(dataclasses.replace(model_spec(MODELS["toy-1m"]), tie_word_embeddings=tied))
 
 
 def test_the_offload_points_back_at_the_host_tensors_it_kept():

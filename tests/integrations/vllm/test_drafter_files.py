@@ -2,28 +2,16 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import torch
 
+from verl_tlt.bench.engine_bench import BenchModel, qwen2_config
 from verl_tlt.integrations.vllm.drafter_files import exchange_base, exchange_bytes
 
 
 def _config(vocab: int, hidden: int, tied: bool, dtype=torch.bfloat16):
-    return SimpleNamespace(
-        model_type="qwen2",
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        rms_norm_eps=1e-6,
-        rope_theta=10000.0,
-        tie_word_embeddings=tied,
-        torch_dtype=dtype,
-    )
+    config = qwen2_config(BenchModel("exchange", hidden, 2, 4, 2, 2 * hidden, vocab, tie_word_embeddings=tied))
+    config.dtype = dtype
+    return config
 
 
 def test_the_exchange_holds_the_policy_head_in_its_dtype_and_three_fp32_drafters():

@@ -35,7 +35,7 @@ def exchange_bytes(hf_config) -> int:
     from verl_tlt.modeling.model import ModelSpec
 
     spec = ModelSpec.from_hf_config(hf_config)
-    dtype = getattr(hf_config, "torch_dtype", None)
+    dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)  # the latter: old transformers
     width = dtype.itemsize if isinstance(dtype, torch.dtype) else 4
     shared = spec.vocab_size * spec.hidden_size * width * (1 if spec.tie_word_embeddings else 2)
     with torch.device("meta"):
