@@ -112,7 +112,7 @@ def test_drafter_group_rejects_values_that_would_fail_later():
         ({"poll_interval_s": 0}, "tlt.drafter.poll_interval_s must be in (0, 60.0]"),
         ({"cpu_niceness": -1}, "tlt.drafter.cpu_niceness must be in 0..19 (a process's niceness), got -1"),
         ({"cpu_niceness": 20}, "tlt.drafter.cpu_niceness must be in 0..19"),
-        ({"train_depth": 0}, "tlt.drafter.train_depth must be >= 1, got 0"),
+        ({"train_depth": -1}, "tlt.drafter.train_depth must be >= 0"),
         ({"depth_decay": 0.0}, "tlt.drafter.depth_decay must be in (0, 1], got 0.0"),
         ({"depth_decay": 1.5}, "tlt.drafter.depth_decay must be in (0, 1]"),
         ({"hidden_loss_weight": -1.0}, "tlt.drafter.hidden_loss_weight must be finite and >= 0, got -1.0"),

@@ -13,7 +13,13 @@ ARCHS = {
 
 
 def build_tiny_model(
-    arch: str, path, seed: int = 0, vocab_size: int = 97, weight_std: float | None = None, intermediate_size: int = 128
+    arch: str,
+    path,
+    seed: int = 0,
+    vocab_size: int = 97,
+    weight_std: float | None = None,
+    intermediate_size: int = 128,
+    num_layers: int = 2,
 ):
     """A random tiny model of `arch`, saved to `path`; returns the transformers model (fp32, eval).
 
@@ -25,7 +31,7 @@ def build_tiny_model(
     config = config_cls(
         vocab_size=vocab_size,
         hidden_size=64,
-        num_hidden_layers=2,
+        num_hidden_layers=num_layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         intermediate_size=intermediate_size,

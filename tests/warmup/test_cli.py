@@ -30,8 +30,8 @@ def test_warmup_cli_reads_parquet_prompts_and_exports(tmp_path):
 def test_warmup_cli_refuses_a_bad_train_depth_before_any_work(tmp_path, capsys):
     argv = ["drafter", "warmup", "--target", str(tmp_path / "missing"), "--prompts", str(tmp_path / "missing.parquet")]
     with pytest.raises(SystemExit):
-        main([*argv, "--out", str(tmp_path / "out"), "--train-depth", "0"])
-    assert "--train-depth 0" in capsys.readouterr().err
+        main([*argv, "--out", str(tmp_path / "out"), "--train-depth", "-1"])
+    assert "--train-depth -1" in capsys.readouterr().err
 
 
 def test_warmup_on_cuda_without_a_gpu_is_refused_naming_the_flag(tmp_path, capsys, monkeypatch):

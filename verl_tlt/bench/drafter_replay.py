@@ -24,7 +24,7 @@ from verl_tlt.config import DrafterConfig
 from verl_tlt.drafter.capture_record import RecordedStep, load_steps
 from verl_tlt.drafter.data import DrafterDataBuffer
 from verl_tlt.drafter.evaluate import evaluate_drafter
-from verl_tlt.drafter.load import drafter_from_init
+from verl_tlt.drafter.family import drafter_from_init
 from verl_tlt.drafter.trainer import DrafterTrainer
 from verl_tlt.files import write_json
 from verl_tlt.progress import Progress

@@ -22,6 +22,15 @@ class DrafterConfig:
             "the path of an exported EAGLE drafter (verl-tlt drafter warmup output)."
         },
     )
+    family: str = field(
+        default="eagle",
+        metadata={
+            "help": "Drafter family. eagle: EAGLE-1/2 (reads the target's final hidden state, drafts with the "
+            "target's head rows). eagle3: EAGLE-3 (fuses the target's layers 2, L/2 and L-3, drafts with its own "
+            "trained head over the draft vocabulary, served by vLLM as method eagle3; trains on the token loss alone, "
+            "so hidden_loss_weight does not apply, and needs teacher_top_k > 0 and draft_vocab_size > 0)."
+        },
+    )
     train: bool = field(
         default=True,
         metadata={
@@ -34,11 +43,12 @@ class DrafterConfig:
         default=4096, metadata={"help": "Tokens per drafter optimizer step (packed sequences)."}
     )
     train_depth: int = field(
-        default=1,
+        default=0,
         metadata={
             "help": "Draft depths trained per step: 1 = on the target's features only (EAGLE-1/2); 2+ also trains "
             "the drafter on its own features, as its later drafts read them at inference (training-time test, as in "
-            "EAGLE-3/HASS), at about that many times the cost per step."
+            "EAGLE-3/HASS), at about that many times the cost per step. 0 = the family's recipe: 1 for eagle, 3 for "
+            "eagle3 (the EAGLE-3 reference unrolls 7; 3 keeps a step at about 3x the cost)."
         },
     )
     depth_decay: float = field(
@@ -216,6 +226,13 @@ class DrafterConfig:
         },
     )
 
+    @property
+    def unroll_depth(self) -> int:
+        """Draft depths trained per step: train_depth, or the family's recipe where it is 0."""
+        if self.train_depth:
+            return self.train_depth
+        return 3 if self.family == "eagle3" else 1
+
     def __post_init__(self) -> None:
         path = f"{ROOT_KEY}.drafter"
         for key in (
@@ -224,11 +241,11 @@ class DrafterConfig:
             "capture_window_tokens",
             "sync_every",
             "min_idle_replicas",
-            "train_depth",
         ):
             if getattr(self, key) < 1:
                 raise ValueError(f"{path}.{key} must be >= 1, got {getattr(self, key)}")
         for key, example in (
+            ("train_depth", 3),
             ("teacher_top_k", 64),
             ("draft_vocab_size", 8192),
             ("eval_max_pairs", 1024),
@@ -279,6 +296,7 @@ class DrafterConfig:
                 f"{path}.cpu_niceness must be in 0..19 (a process's niceness), got {self.cpu_niceness}; e.g. "
                 f"{path}.cpu_niceness=10"
             )
+        self._check_family(path)
         if not self.init:
             raise ValueError(f"{path}.init must be 'target' or a drafter directory, got an empty string")
         if self.device not in ("auto", "cpu", "cuda"):
@@ -290,3 +308,21 @@ class DrafterConfig:
                 f"{path}.record_dir={self.record_dir!r} records what is captured for training, and "
                 f"{path}.train=false captures nothing; set {path}.train=true or drop {path}.record_dir"
             )
+
+    def _check_family(self, path: str) -> None:
+        if self.family not in ("eagle", "eagle3"):
+            raise ValueError(
+                f"{path}.family={self.family!r} is not one of ['eagle', 'eagle3']; e.g. {path}.family=eagle3"
+            )
+        if self.family != "eagle3":
+            return
+        for key, example, why in (
+            ("teacher_top_k", 64, "its samples keep only the fused layers, so the target's labels are taken once"),
+            ("draft_vocab_size", 8192, "its own head covers the draft vocabulary"),
+            ("logit_loss_weight", 0.1, "it trains on the token loss alone"),
+        ):
+            if getattr(self, key) <= 0:
+                raise ValueError(
+                    f"{path}.family=eagle3 needs {path}.{key} > 0 ({why}), got {getattr(self, key)}; e.g. "
+                    f"{path}.{key}={example}"
+                )

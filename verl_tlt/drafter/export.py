@@ -76,6 +76,10 @@ SUPPORTED_ARCHITECTURES = {
     "EagleLlamaForCausalLM": "llama",
     "Qwen3ForCausalLM": "qwen3",
     "EagleQwen3ForCausalLM": "qwen3",
+    # EAGLE-3 spellings (vLLM's renames, and SpecForge's `LlamaForCausalLMEagle3`).
+    "Eagle3LlamaForCausalLM": "llama",
+    "LlamaForCausalLMEagle3": "llama",
+    "Eagle3Qwen3ForCausalLM": "qwen3",
 }
 _FUSED_SUFFIXES = ("qkv_proj.weight", "qkv_proj.bias", "gate_up_proj.weight")
 
@@ -96,14 +100,14 @@ def export_eagle(
     """
     out = Path(out_dir)
     if target_config is not None:
-        _check_target_config(model.spec, target_config)
+        check_target_config(model.spec, target_config)
     config = eagle_config(model.spec, target_config=target_config, metadata=metadata)
     try:
         config_text = json.dumps(config, indent=2, sort_keys=True) + "\n"
     except (TypeError, ValueError) as err:
         raise ValueError(f"export_eagle: metadata must be JSON-serialisable ({err})") from err
     tensors = {name: view.detach().to("cpu", copy=True).contiguous() for name, view in hf_views(model).items()}
-    _check_replaceable(out)
+    check_replaceable(out)
     with atomic_directory(out) as tmp:
         save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
         if model.draft_vocab is not None:
@@ -162,7 +166,7 @@ def _layout(spec: ModelSpec) -> tuple[str, str]:
     return "qwen3", "Qwen3ForCausalLM"
 
 
-def _check_target_config(spec: ModelSpec, target_config: dict) -> None:
+def check_target_config(spec: ModelSpec, target_config: dict) -> None:
     """Refuse to label a drafter with a target config whose sizes it does not have."""
     target_spec = ModelSpec.from_hf_config(_AttrDict(target_config))
     mismatches = size_mismatches(spec, target_spec)
@@ -221,7 +225,7 @@ def size_mismatches(draft: ModelSpec, target: ModelSpec) -> list[str]:
     ]
 
 
-def _check_replaceable(out: Path) -> None:
+def check_replaceable(out: Path) -> None:
     """Only an empty directory or an earlier export may be replaced: never delete a user's unrelated files."""
     if not out.exists():
         return

@@ -33,13 +33,6 @@ from verl_tlt.modeling.model import CausalLM, ModelSpec
 _SHARED_WITH_TARGET = {"embed_tokens.weight": "model.embed_tokens.weight", "lm_head.weight": "lm_head.weight"}
 
 
-def drafter_from_init(init: str, target: CausalLM) -> EagleDrafterModel:
-    """The drafter `tlt.drafter.init` names, attached to `target`: "target" (built from it) or an EAGLE export."""
-    if init == "target":
-        return EagleDrafterModel.from_target(target)
-    return load_eagle(init, target)
-
-
 def load_eagle(path: str | os.PathLike, target: CausalLM) -> EagleDrafterModel:
     """Read an EAGLE-1 export back as an `EagleDrafterModel` attached to `target`, validating it first.
 
@@ -48,9 +41,9 @@ def load_eagle(path: str | os.PathLike, target: CausalLM) -> EagleDrafterModel:
     what was found, so a bad checkpoint never becomes a silently wrong drafter.
     """
     path = Path(path)
-    config = _read_config(path)
-    spec = _drafter_spec(config, target.spec, path)
-    tensors = _read_tensors(path)
+    config = read_export_config(path)
+    spec = drafter_layer_spec(config, target.spec, path)
+    tensors = read_export_tensors(path)
     param = target.lm_head.weight
     drafter = EagleDrafterModel(spec).to(device=param.device, dtype=param.dtype)
     _copy_tensors(drafter, tensors, target, path)
@@ -74,7 +67,7 @@ def _read_draft_vocab(path: Path, vocab_size: int) -> DraftVocab | None:
         raise ValueError(f"{file} is not a draft vocabulary of this target ({error}); re-export the drafter") from error
 
 
-def _read_config(path: Path) -> dict:
+def read_export_config(path: Path) -> dict:
     file = path / CONFIG_FILE
     if not file.is_file():
         raise ValueError(
@@ -97,7 +90,7 @@ def _read_config(path: Path) -> dict:
     return config
 
 
-def _drafter_spec(config: dict, target: ModelSpec, path: Path) -> ModelSpec:
+def drafter_layer_spec(config: dict, target: ModelSpec, path: Path) -> ModelSpec:
     """The drafter layer's ModelSpec: sizes must equal the target's; biases, q/k norms and eps come from config."""
     model_type = _check_architecture(config, path)
     _check_eagle1_fields(config, path)
@@ -117,8 +110,8 @@ def _check_architecture(config: dict, path: Path) -> str:
     found = [name for name in names if name in SUPPORTED_ARCHITECTURES]
     if len(names) != 1 or not found:
         raise ValueError(
-            f"{path / CONFIG_FILE}: unsupported EAGLE-1 drafter architectures {architectures!r}; expected one of "
-            f"{sorted(SUPPORTED_ARCHITECTURES)} (vLLM serves EAGLE-1 drafts as EagleLlamaForCausalLM)"
+            f"{path / CONFIG_FILE}: unsupported EAGLE drafter architectures {architectures!r}; expected one of "
+            f"{sorted(SUPPORTED_ARCHITECTURES)} (one Llama or Qwen3 decoder layer)"
         )
     model_type = SUPPORTED_ARCHITECTURES[found[0]]
     if config.get("model_type") != model_type:
@@ -143,7 +136,7 @@ def _check_eagle1_fields(config: dict, path: Path) -> None:
     for name, found, expected in checks:
         if found != expected:
             raise ValueError(
-                f"{path / CONFIG_FILE}: {name} is {found!r}, an EAGLE-1 drafter here needs {expected!r} "
+                f"{path / CONFIG_FILE}: {name} is {found!r}, an EAGLE drafter here needs {expected!r} "
                 "(one Llama-style decoder layer, fc without bias, SiLU MLP without bias, default RoPE)"
             )
 
@@ -179,7 +172,7 @@ def _biases(config: dict, model_type: str) -> tuple[bool, bool]:
     return qkv_bias, attention_bias
 
 
-def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+def read_export_tensors(path: Path) -> dict[str, torch.Tensor]:
     file = path / WEIGHTS_FILE
     if not file.is_file():
         raise ValueError(f"{path} has no {WEIGHTS_FILE}; an EAGLE export holds {CONFIG_FILE} + {WEIGHTS_FILE}")
@@ -194,7 +187,7 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
 def _copy_tensors(drafter: EagleDrafterModel, tensors: dict[str, torch.Tensor], target: CausalLM, path: Path) -> None:
     """Copy checkpoint tensors into the drafter after checking the name sets and every shape."""
     views = hf_views(drafter)
-    shared = _check_shared_tensors(tensors, target, path)
+    shared = check_shared_tensors(tensors, target, path)
     names = set(tensors) - shared
     unknown, missing = sorted(names - set(views)), sorted(set(views) - names)
     if unknown:
@@ -216,7 +209,7 @@ def _copy_tensors(drafter: EagleDrafterModel, tensors: dict[str, torch.Tensor], 
             view.copy_(tensors[name].to(dtype=view.dtype, device=view.device))
 
 
-def _check_shared_tensors(tensors: dict[str, torch.Tensor], target: CausalLM, path: Path) -> set[str]:
+def check_shared_tensors(tensors: dict[str, torch.Tensor], target: CausalLM, path: Path) -> set[str]:
     """Embedding / LM head copies are accepted only if equal to the target's: the drafter shares the target's."""
     present = set(tensors) & set(_SHARED_WITH_TARGET)
     target_params = dict(target.named_parameters(remove_duplicate=False))

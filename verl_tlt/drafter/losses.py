@@ -52,12 +52,16 @@ def drafter_losses(
     """
     mask = loss_mask.to(features.dtype)
     count = mask.sum().clamp(min=1.0)
-    hidden_loss = (F.smooth_l1_loss(features, target_hidden, reduction="none").mean(-1) * mask).sum() / count
+    if model.family == "eagle":
+        hidden_loss = (F.smooth_l1_loss(features, target_hidden, reduction="none").mean(-1) * mask).sum() / count
+    else:  # EAGLE-3's features are its own, not the target's: no feature to compare them with
+        hidden_loss = features.new_zeros(())
     if labels is None:
         logit_loss, agree = _dense_token_loss(model, features, target_hidden, mask)
     else:
         weights = (mask / count).flatten().float()
-        logit_loss, agree = _sparse_token_loss(model, features.flatten(0, -2), labels, weights, chunk_pairs)
+        head_input = model.head_input(features).flatten(0, -2)
+        logit_loss, agree = _sparse_token_loss(model, head_input, labels, weights, chunk_pairs)
         logit_loss = logit_loss.to(features.dtype)
     return {"hidden_loss": hidden_loss, "logit_loss": logit_loss, "top1_accuracy": (agree * mask).sum() / count}
 
@@ -87,7 +91,8 @@ def unrolled_losses(
 
 
 def _dense_token_loss(model: EagleDrafterModel, features, target_hidden, mask) -> tuple[torch.Tensor, torch.Tensor]:
-    """The dense recipe: the target's distribution from its full head, every step."""
+    """The dense recipe: the target's distribution from its full head, every step (EAGLE-3: of captured samples only,
+    which still hold the final state; `target_logits` says so otherwise)."""
     draft_log_probs = model.draft_logits(features).float().log_softmax(-1)  # [1, N, Vd]
     with torch.no_grad():
         target_logits = model.target_logits(target_hidden).float()  # [1, N, V]
@@ -148,12 +153,14 @@ def sparse_token_losses(
 class ChunkedTokenLoss(torch.autograd.Function):
     """sum_i weights_i x the soft cross-entropy of `sparse_token_losses`, computed `chunk_pairs` pairs at a time with
     each chunk's gradient worked out on the spot (closed form, below): the [chunk, Vd] logits never exist for the
-    whole batch, and backward only scales the stored gradient. Returns (loss, the likeliest slot per pair); only
-    `features` gets a gradient (the head is frozen)."""
+    whole batch, and backward only scales the stored gradients. Returns (loss, the likeliest slot per pair);
+    `features` gets a gradient, and so does the head where it trains (EAGLE-3's own; EAGLE-1's is the target's,
+    frozen)."""
 
     @staticmethod
     def forward(ctx, features, head_weight, slots, probs, rest_mass, weights, chunk_pairs: int):
         grad = torch.zeros_like(features) if features.requires_grad else None
+        head_grad = torch.zeros_like(head_weight, dtype=torch.float32) if head_weight.requires_grad else None
         total = torch.zeros((), dtype=torch.float32, device=features.device)
         top_slot = torch.empty(features.shape[0], dtype=torch.long, device=features.device)
         head = head_weight.detach()
@@ -167,19 +174,28 @@ class ChunkedTokenLoss(torch.autograd.Function):
                 probs[part],
                 rest_mass[part],
                 weights[part],
-                grad is not None,
+                grad is not None or head_grad is not None,
             )
             total += loss
             if grad is not None:
                 grad[part] = (logit_grad.to(head.dtype) @ head).to(grad.dtype)
-        ctx.save_for_backward(grad if grad is not None else torch.zeros(0))
+            if head_grad is not None:
+                head_grad += logit_grad.t() @ features[part].detach().float()
+        empty = torch.zeros(0)
+        ctx.save_for_backward(
+            grad if grad is not None else empty, head_grad.to(head_weight.dtype) if head_grad is not None else empty
+        )
+        ctx.has_grads = (grad is not None, head_grad is not None)
         ctx.mark_non_differentiable(top_slot)
         return total, top_slot
 
     @staticmethod
     def backward(ctx, grad_loss, _grad_top_slot):
-        (grad,) = ctx.saved_tensors
-        return grad * grad_loss.to(grad.dtype), None, None, None, None, None, None
+        grad, head_grad = ctx.saved_tensors
+        has_grad, has_head_grad = ctx.has_grads
+        grad = grad * grad_loss.to(grad.dtype) if has_grad else None
+        head_grad = head_grad * grad_loss.to(head_grad.dtype) if has_head_grad else None
+        return grad, head_grad, None, None, None, None, None
 
 
 def _chunk_loss(features, head, slots, probs, rest_mass, weights, with_grad: bool):

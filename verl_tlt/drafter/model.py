@@ -31,6 +31,9 @@ from verl_tlt.modeling.model import AttentionBatch, CausalLM, DecoderLayer, Mode
 class EagleDrafterModel(nn.Module):
     """Trainable part of an EAGLE drafter (fc + one decoder layer); `attach` binds the frozen target parts."""
 
+    family = "eagle"
+    aux_layers: tuple[int, ...] = ()  # target layers read besides the final one (EAGLE-3's; none here)
+
     def __init__(self, spec: ModelSpec):
         super().__init__()
         self.spec = spec
@@ -82,6 +85,33 @@ class EagleDrafterModel(nn.Module):
         if not self._target:
             raise RuntimeError("EagleDrafterModel has no target attached; call attach(target) first")
         return self._target[0]
+
+    @property
+    def chosen_vocab(self) -> DraftVocab | None:
+        """The map the data chose: the draft vocabulary itself (EAGLE-3 pads its own to a fixed head)."""
+        return self.draft_vocab
+
+    @property
+    def feature_width(self) -> int:
+        """Width of the target features the drafter reads: the final hidden state."""
+        return self.spec.hidden_size
+
+    def input_features(self, captured: torch.Tensor) -> torch.Tensor:
+        """The part of a captured target vector the drafter reads: all of it (the final hidden state)."""
+        if captured.shape[-1] != self.spec.hidden_size:
+            raise ValueError(
+                f"EAGLE drafter reads the target's final hidden state ({self.spec.hidden_size} values per token), got "
+                f"{captured.shape[-1]}"
+            )
+        return captured
+
+    def split_captured(self, captured: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(the target's final hidden state, what the drafter reads) of a captured vector: both are all of it."""
+        return captured, self.input_features(captured)
+
+    def head_input(self, features: torch.Tensor) -> torch.Tensor:
+        """What the head reads: the features themselves (EAGLE-1 predicts the target's normed feature)."""
+        return features
 
     def forward(
         self,

@@ -21,8 +21,8 @@ import torch
 
 from verl_tlt.config import DrafterConfig
 from verl_tlt.drafter.data import DrafterDataBuffer, DrafterSample
+from verl_tlt.drafter.family import DrafterModel, feature_tokens
 from verl_tlt.drafter.memory_budget import MemoryBudget, free_caches, is_out_of_memory
-from verl_tlt.drafter.model import EagleDrafterModel
 from verl_tlt.drafter.trainer import DrafterTrainer, TrainReport
 from verl_tlt.modeling.torch_threads import with_torch_threads
 
@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 class SpotTrainer:
     def __init__(
         self,
-        model: EagleDrafterModel,
+        model: DrafterModel,
         config: DrafterConfig | None = None,
         *,
         seed: int = 0,
@@ -51,7 +51,9 @@ class SpotTrainer:
         self.device = torch.device(device) if device is not None else self.host
         self.last_offload: dict[str, float] = {}  # seconds of the last burst's onload and offload
         self.memory_stops = 0  # bursts ended, or not started, over the memory budget or out of memory
-        self.trainer = DrafterTrainer(model, DrafterDataBuffer(config.buffer_tokens), config, seed=seed)
+        # The buffer's budget is memory: an EAGLE-3 sample keeps n layers per token (`feature_tokens`).
+        tokens = feature_tokens(config.buffer_tokens, model.family, len(model.aux_layers), labelled=True)
+        self.trainer = DrafterTrainer(model, DrafterDataBuffer(tokens), config, seed=seed)
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.version = 0
         self.total_steps = 0

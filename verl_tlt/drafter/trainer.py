@@ -122,7 +122,8 @@ class DrafterTrainer:
         device = torch.device(device)
         found = [f"drafter.{n}" for n, t in self.model.state_dict().items() if t.device.type != device.type]
         found += [f"target.{n}" for n, t in self.model.target.state_dict().items() if t.device.type != device.type]
-        if self.model._draft_head is not None and self.model._draft_head[1].device.type != device.type:
+        derived = getattr(self.model, "_draft_head", None)  # EAGLE-1's copy of the head's draft rows
+        if derived is not None and derived[1].device.type != device.type:
             found.append("drafter.draft_head_rows")
         for index, state in enumerate(self.optimizer.state.values()):
             found += [
@@ -140,19 +141,28 @@ class DrafterTrainer:
 
         Safe while training runs in another thread: a grown map takes effect at the next step's start.
         """
-        samples = list(samples)
-        if self.config.teacher_top_k > 0:
-            samples = [self._labelled(sample) for sample in samples]
+        samples = [self._prepared(sample) for sample in samples]
         if self.config.draft_vocab_size > 0 and samples:
             self._update_draft_vocab(samples)
         return self.buffer.add(samples)
 
-    def _labelled(self, sample: DrafterSample) -> DrafterSample:
-        if sample.teacher is not None and sample.teacher.top_k == min(self.config.teacher_top_k, self.vocab_size):
+    def _prepared(self, sample: DrafterSample) -> DrafterSample:
+        """The sample as the buffer keeps it: labelled (with teacher_top_k > 0) from the target's final hidden state,
+        holding only the features the drafter reads (EAGLE-3 drops the final state once it is labelled)."""
+        final, features = self.model.split_captured(sample.hidden_states)
+        teacher = sample.teacher
+        wanted_k = min(self.config.teacher_top_k, self.vocab_size)
+        if self.config.teacher_top_k > 0 and (teacher is None or teacher.top_k != wanted_k):
+            if final is None:
+                raise ValueError(
+                    "an unlabelled EAGLE-3 sample must carry the target's final hidden state to be labelled from "
+                    "(capture [final | aux layers], as the target does with feature_layers set)"
+                )
+            head = self.model.target.lm_head.weight  # on the training device during a burst: label there, keep on host
+            teacher = teacher_labels(final.to(head.device), head, self.config.teacher_top_k).to("cpu")
+        if features is sample.hidden_states and teacher is sample.teacher:
             return sample
-        head = self.model.target.lm_head.weight  # on the training device during a burst: label there, keep on host
-        labels = teacher_labels(sample.hidden_states.to(head.device), head, self.config.teacher_top_k)
-        return sample.labelled(labels.to("cpu"))
+        return DrafterSample(sample.token_ids, features, sample.response_mask, sample.step, teacher)
 
     @property
     def vocab_size(self) -> int:
@@ -161,7 +171,7 @@ class DrafterTrainer:
     def _update_draft_vocab(self, samples: list[DrafterSample]) -> None:
         counts = response_token_counts(samples, self.vocab_size)
         with self._vocab_lock:
-            current = self._pending_vocab if self._pending_vocab is not None else self.model.draft_vocab
+            current = self._pending_vocab if self._pending_vocab is not None else self.model.chosen_vocab
             if current is None:
                 self._pending_vocab = DraftVocab.from_counts(counts, self.config.draft_vocab_size)
                 self.last_draft_vocab_miss = None
@@ -283,10 +293,11 @@ class DrafterTrainer:
         )
 
     def _losses(self, batch: PackedBatch, input_hidden: torch.Tensor) -> dict[str, torch.Tensor]:
-        if self.config.train_depth == 1:
+        depth = self.config.unroll_depth
+        if depth == 1:
             features = self.forward(batch, input_hidden)
             return drafter_losses(self.model, features, batch.target_hidden, batch.loss_mask, batch.teacher)
-        return unrolled_losses(self.model, batch, input_hidden, self.config.train_depth, self.config.depth_decay)
+        return unrolled_losses(self.model, batch, input_hidden, depth, self.config.depth_decay)
 
     def forward(self, batch: PackedBatch, input_hidden: torch.Tensor | None = None) -> torch.Tensor:
         """Drafter features [1, N, H] for a packed batch (a scratch KV cache stands in for the inference cache)."""

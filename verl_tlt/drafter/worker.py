@@ -25,7 +25,6 @@ from verl_tlt.config import DrafterConfig
 from verl_tlt.drafter.data import DrafterSample
 from verl_tlt.drafter.evaluate import evaluate_within, subsample_for_evaluation
 from verl_tlt.drafter.memory_budget import MemoryBudget, budget_bytes
-from verl_tlt.drafter.model import EagleDrafterModel
 from verl_tlt.drafter.spot import SpotTrainer
 
 logger = logging.getLogger(__name__)
@@ -69,11 +68,11 @@ class DrafterWorker:
             os.nice(cpu_niceness)
         self.rank, self.config = rank, config
         self.target = _target_model(target_path, dtype)
-        from verl_tlt.drafter.load import drafter_from_init
+        from verl_tlt.drafter.family import drafter_from_init, empty_like
 
-        model = drafter_from_init(config.init, self.target)
+        model = drafter_from_init(config.init, self.target, config.family, draft_vocab_size=config.draft_vocab_size)
         # The drafter as it started (frozen): fresh data is scored against it too, to show what training bought.
-        self.frozen = EagleDrafterModel(model.spec).to(dtype=dtype)
+        self.frozen = empty_like(model).to(dtype=dtype)
         self.frozen.load_state_dict(model.state_dict())
         self.frozen.attach(self.target)
         self.frozen.requires_grad_(False)

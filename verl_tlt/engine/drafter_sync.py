@@ -13,7 +13,7 @@ import logging
 
 import torch
 
-from verl_tlt.drafter.model import EagleDrafterModel
+from verl_tlt.drafter.family import DrafterModel, drafter_for_state
 from verl_tlt.engine.drafts.eagle import EagleDrafter
 from verl_tlt.engine.drafts.self_test import DrafterSelfTest
 from verl_tlt.engine.engine import RolloutEngine
@@ -24,12 +24,12 @@ logger = logging.getLogger(__name__)
 class DrafterSync:
     def __init__(self, engine: RolloutEngine, self_test: DrafterSelfTest | None = None):
         self.engine, self.self_test = engine, self_test
-        self.model: EagleDrafterModel | None = None
+        self.model: DrafterModel | None = None
         self.version: int | None = None
 
     def update(self, state: dict[str, torch.Tensor], version: int) -> bool:
-        """Load `state` (an EagleDrafterModel state dict) as drafter `version`; False if already loaded, or refused
-        by the self-test (logged; the engine keeps its previous drafter).
+        """Load `state` (a drafter state dict of either family) as drafter `version`; False if already loaded, or
+        refused by the self-test (logged; the engine keeps its previous drafter).
 
         Call between rollouts: the engine refuses a drafter change while requests are in flight.
         """
@@ -39,10 +39,9 @@ class DrafterSync:
             raise RuntimeError(f"Cannot load drafter version {version} while requests are in flight")
         # A fresh model each time: a strict load that fails has already copied every tensor that fit, and the
         # drafter the engine runs must stay the last good version.
-        model = EagleDrafterModel.from_target(self.engine.model)
         try:
-            model.load_state_dict(state, strict=True)
-        except RuntimeError as error:
+            model = drafter_for_state(state, self.engine.model)  # either family: the state says which
+        except (RuntimeError, ValueError) as error:
             raise ValueError(f"Drafter version {version} does not fit this target's drafter: {error}") from error
         model.to(device=self.engine.device, dtype=self.engine.dtype)
         previous = self.engine.drafter

@@ -94,18 +94,18 @@ class RolloutEngine:
     ) -> RolloutEngine:
         """Build the engine from a local transformers checkpoint directory (kwargs: see __init__ and EngineConfig).
 
-        drafter may be a Drafter or the path of an exported EAGLE drafter (`verl-tlt drafter warmup` output), which
-        is loaded against this target (shared embedding and LM head).
+        drafter may be a Drafter or the path of an exported EAGLE or EAGLE-3 drafter (`verl-tlt drafter warmup`
+        output), which is loaded against this target (shared embedding and LM head).
         """
         model, config = load_pretrained(path, device=device, dtype=dtype)
         kwargs.setdefault("eos_token_ids", read_eos_token_ids(path, config))
         drafter = kwargs.pop("drafter", None)
         engine = cls(model, **kwargs)
         if isinstance(drafter, (str, os.PathLike)):
-            from verl_tlt.drafter.load import load_eagle
+            from verl_tlt.drafter.family import load_drafter
             from verl_tlt.engine.drafts.eagle import EagleDrafter
 
-            drafter = EagleDrafter(load_eagle(str(drafter), model), max_len=engine.cache.max_len)
+            drafter = EagleDrafter(load_drafter(str(drafter), model), max_len=engine.cache.max_len)
         engine.set_drafter(drafter)
         return engine
 
@@ -160,6 +160,11 @@ class RolloutEngine:
                 "the torch engine needs a drafter over the target's vocabulary"
             )
         self.speculation.set_drafter(drafter)
+        layers = drafter.feature_layers if drafter is not None else ()
+        if layers != self.model.feature_layers:
+            self.model.feature_layers = layers  # the target's forward now returns what this drafter reads
+            if self.runner.graphs is not None:
+                self.runner.graphs.reset()  # captured with the previous output width
 
     @property
     def policy(self) -> Policy | None:

@@ -349,6 +349,11 @@ class CausalLM(nn.Module):
         # Counts weight loads (`invalidate_weight_caches`), so caches derived from the weights elsewhere (a drafter's
         # draft-vocabulary head) know when to rebuild: writes through `.data` leave the parameters' versions alone.
         self.weights_generation = 0
+        # Residual-stream states (after that many layers) that `forward` also returns, for an EAGLE-3 drafter.
+        self.feature_layers: tuple[int, ...] = ()
+        # Layers of the model this one stands for: a drafter worker's one-layer copy of a deep target
+        # (`load_drafter_parts`) says how deep the real one is, which EAGLE-3's default feature layers depend on.
+        self.source_num_layers = spec.num_layers
 
     def forward(
         self,
@@ -358,13 +363,29 @@ class CausalLM(nn.Module):
         k_caches: list[torch.Tensor],
         v_caches: list[torch.Tensor],
     ) -> torch.Tensor:
-        """input_ids/positions: [B, T]. Returns normed last-layer hidden states [B, T, H]."""
+        """input_ids/positions: [B, T]. Returns normed last-layer hidden states [B, T, H]; with `feature_layers`
+        set, [B, T, (1 + n) * H]: those followed by the residual stream after each of the n feature layers (what an
+        EAGLE-3 drafter reads; `logits` takes the first H values)."""
         x = self.model.embed_tokens(input_ids)
-        for layer, k_cache, v_cache in zip(self.model.layers, k_caches, v_caches, strict=True):
+        wanted = self.feature_layers
+        features = [x] if 0 in wanted else []
+        for index, (layer, k_cache, v_cache) in enumerate(zip(self.model.layers, k_caches, v_caches, strict=True)):
             x = layer(x, batch, k_cache, v_cache)
-        return self.model.norm(x)
+            if index + 1 in wanted:
+                features.append(x)
+        if not wanted:
+            return self.model.norm(x)
+        if len(features) != len(wanted):
+            raise ValueError(
+                f"feature_layers {list(wanted)} must be distinct, increasing layer counts in "
+                f"[0, {len(self.model.layers)}]"
+            )
+        return torch.cat([self.model.norm(x), *features], dim=-1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """LM-head logits of final hidden states (of the first H values, where `forward` appended features)."""
+        if hidden.shape[-1] != self.spec.hidden_size:
+            hidden = hidden[..., : self.spec.hidden_size]
         return self.lm_head(hidden)
 
     def use_cpu_layouts(self, enabled: bool) -> None:
@@ -414,7 +435,8 @@ class CausalLM(nn.Module):
 
 @torch.no_grad()
 def sequence_hidden_states(model: CausalLM, token_ids: list[int]) -> torch.Tensor:
-    """Final (normed) hidden states [T, H] of one whole sequence, computed without the engine's KV cache.
+    """Final (normed) hidden states [T, H] of one whole sequence, computed without the engine's KV cache, followed by
+    the model's `feature_layers` states if it has any ([T, (1 + n) * H], see `forward`).
 
     This is what an EAGLE drafter trains on: the same tensor the engine hands its drafter during decoding.
     """

@@ -77,6 +77,7 @@ def load_drafter_parts(
     model = CausalLM(part_spec).to(device=device, dtype=dtype)
     renamed = ((name.replace(last, "model.layers.0.", 1), tensor) for name, tensor in read_checkpoint(path, keep))
     load_weights(model, renamed, strict=True)
+    model.source_num_layers = spec.num_layers
     return model
 
 

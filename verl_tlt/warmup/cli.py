@@ -49,11 +49,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     warmup.add_argument("--max-tokens", type=int, default=512, help="cap on each answer's tokens")
     warmup.add_argument("--init-from", default=None, help="start from an exported drafter instead of the target")
     warmup.add_argument(
+        "--family",
+        choices=("eagle", "eagle3"),
+        default="eagle",
+        help="drafter family (tlt.drafter.family): eagle = EAGLE-1/2, eagle3 = EAGLE-3 (three fused target layers, "
+        "its own head over the draft vocabulary; vLLM serves it as method eagle3)",
+    )
+    warmup.add_argument(
         "--train-depth",
         type=int,
-        default=1,
+        default=0,
         help="train on the drafter's own chain to this depth (tlt.drafter.train_depth; 1 = target features "
-        "only); deeper drafts of a chain improve, each step costs about one more forward-backward per depth",
+        "only, 0 = the family's recipe: 1 for eagle, 3 for eagle3); deeper drafts of a chain improve, each step "
+        "costs about one more forward-backward per depth",
     )
     warmup.add_argument(
         "--lr",
@@ -93,7 +101,9 @@ def _warmup(args: argparse.Namespace) -> int:
     from verl_tlt.warmup.offline import prompts_from_parquet, warmup_drafter
 
     try:
-        config = DrafterConfig(train_depth=args.train_depth, lr=args.lr, grad_clip_norm=args.grad_clip_norm)
+        config = DrafterConfig(
+            family=args.family, train_depth=args.train_depth, lr=args.lr, grad_clip_norm=args.grad_clip_norm
+        )
     except ValueError as error:
         named = (flag for key, flag in _RECIPE_FLAGS.items() if f"drafter.{key} " in str(error))
         flag = next(named, "--train-depth")

@@ -42,9 +42,10 @@ def collect_samples(
     samples = []
     for prompt, output in zip(prompts, outputs, strict=True):
         ids = prompt + output.token_ids
-        hidden = sequence_hidden_states(engine.model, ids)
+        hidden = sequence_hidden_states(engine.model, ids)  # [final | feature layers], if the target has any
+        final = hidden[:, : engine.model.spec.hidden_size]
         response = torch.arange(len(ids)) >= len(prompt)
-        teacher = teacher_labels(hidden, engine.model.lm_head.weight, teacher_top_k) if teacher_top_k else None
+        teacher = teacher_labels(final, engine.model.lm_head.weight, teacher_top_k) if teacher_top_k else None
         teacher = teacher.to("cpu") if teacher is not None else None  # samples live in host memory (and the cache)
         samples.append(DrafterSample(torch.tensor(ids), hidden.cpu(), response, step, teacher))
         recorded.advance()
@@ -59,6 +60,7 @@ def collection_key(
     seed: int,
     teacher_top_k: int,
     precision: str = "float32",
+    feature_layers: Sequence[int] = (),
 ) -> str:
     """A digest of everything the collected samples depend on (precision: the engine's dtype, e.g. bfloat16 on a
     GPU, whose answers and hidden states differ from fp32's)."""
@@ -80,6 +82,8 @@ def collection_key(
     }
     if precision != "float32":  # keyed only where it differs, so fp32 collections cached before stay valid
         identity["precision"] = precision
+    if feature_layers:  # EAGLE-3's layers travel with each token; EAGLE-1 collections keep their keys
+        identity["feature_layers"] = [int(i) for i in feature_layers]
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
 
 
@@ -97,7 +101,8 @@ def cached_samples(
     """(samples, whether they came from the cache): every prompt answered once per temperature, collected once."""
     root = Path(cache_root) if cache_root is not None else default_cache_root()
     precision = str(engine.model.lm_head.weight.dtype).removeprefix("torch.")
-    key = collection_key(target_path, prompts, temperatures, max_tokens, seed, teacher_top_k, precision)
+    layers = engine.model.feature_layers
+    key = collection_key(target_path, prompts, temperatures, max_tokens, seed, teacher_top_k, precision, layers)
     entry = root / "warmup-samples" / key
     try:
         state = load_state(entry, kind=SAMPLES_KIND)

@@ -25,7 +25,7 @@ import torch
 
 from verl_tlt.config import DrafterConfig
 from verl_tlt.drafter.data import DrafterDataBuffer, DrafterSample
-from verl_tlt.drafter.model import EagleDrafterModel
+from verl_tlt.drafter.eagle3_model import default_aux_layers
 from verl_tlt.drafter.trainer import DrafterTrainer
 from verl_tlt.engine import RolloutEngine
 from verl_tlt.files import build_once
@@ -137,6 +137,8 @@ def warmup_drafter(
     # The drafter shares the target's embedding and LM head and never trains them: without this, every step would
     # compute (and keep) vocab x hidden gradients for both.
     engine.model.requires_grad_(False)
+    # An EAGLE-3 drafter reads more of the target than its final state: collect those layers with it.
+    engine.model.feature_layers = _feature_layers(config, init_from, engine.model)
     samples, from_cache = cached_samples(
         engine,
         target_path,
@@ -184,10 +186,24 @@ def warmup_drafter(
     )
 
 
-def _trainer(target, samples: list[DrafterSample], init_from: str | None, config: DrafterConfig, seed: int):
-    from verl_tlt.drafter.load import load_eagle
+def _feature_layers(config: DrafterConfig, init_from: str | None, target) -> tuple[int, ...]:
+    """The target layers the drafter reads besides the final one: none for EAGLE-1, EAGLE-3's (the starting
+    export's, or the defaults for this target)."""
+    if config.family != "eagle3":
+        return ()
+    if init_from:
+        from verl_tlt.drafter.family import drafter_from_init
 
-    model = load_eagle(init_from, target) if init_from else EagleDrafterModel.from_target(target)
+        start = drafter_from_init(init_from, target, config.family, draft_vocab_size=config.draft_vocab_size)
+        return start.aux_layers
+    return default_aux_layers(target.source_num_layers)
+
+
+def _trainer(target, samples: list[DrafterSample], init_from: str | None, config: DrafterConfig, seed: int):
+    from verl_tlt.drafter.family import drafter_from_init
+
+    init = init_from or "target"
+    model = drafter_from_init(init, target, config.family, draft_vocab_size=config.draft_vocab_size)
     num_tokens = sum(s.num_tokens for s in samples)
     trainer = DrafterTrainer(model, DrafterDataBuffer(max_tokens=max(num_tokens, 2)), config, seed=seed)
     trainer.add_samples(samples)
@@ -250,11 +266,11 @@ class _TrainingRun:
         return stopped_by
 
     def _checkpoint(self) -> None:
-        from verl_tlt.drafter.export import export_eagle
+        from verl_tlt.drafter.family import export_drafter
 
         self.trainer.save_checkpoint(self.state, include_samples=False, wait=True)
         metadata = {**self.metadata, "warmup_steps": self.trainer.global_step}
-        export_eagle(self.trainer.model, self.out, metadata=metadata)
+        export_drafter(self.trainer.model, self.out, metadata=metadata)
         self._saved_at = self.trainer.global_step
 
 

@@ -164,7 +164,7 @@ def test_record_dir_saves_each_steps_captures_with_the_weights_its_rollout_used(
     captured = {1: [], 2: []}
     step_of = {"now": 1}
     runtime.actor_wg = SimpleNamespace(
-        tlt_arm_capture=lambda step, budget, teacher_top_k=0, windows=None: None,
+        tlt_arm_capture=lambda step, budget, teacher_top_k=0, windows=None, feature_layers=(): None,
         tlt_pop_captured=lambda: [(captured[step_of["now"]], {"seconds": 0.01})],
     )
     for step, length in ((1, 5), (2, 7)):

@@ -37,7 +37,7 @@ def test_the_schedule_speculates_up_to_the_threshold_inclusive_and_decodes_plain
 
 
 def test_the_engine_argument_names_the_drafter_and_the_deepest_k():
-    config = build_speculative_config(SpeculativeConfig(threshold=4), "/d", max_num_seqs=64)
+    config = build_speculative_config(SpeculativeConfig(threshold=4), "/d", max_num_seqs=64, method="eagle")
     assert config == {
         "method": "eagle",
         "model": "/d",
@@ -45,7 +45,7 @@ def test_the_engine_argument_names_the_drafter_and_the_deepest_k():
         "num_speculative_tokens_per_batch_size": [[1, 4, 8], [5, 64, 0]],
     }
     assert "num_speculative_tokens_per_batch_size" not in build_speculative_config(
-        SpeculativeConfig(), "/d", 64, dynamic=False
+        SpeculativeConfig(), "/d", 64, dynamic=False, method="eagle"
     )
 
 
@@ -71,5 +71,18 @@ def test_the_policy_schedule_stays_valid_for_vllm_when_chains_outnumber_the_spec
 
 def test_the_engine_argument_of_an_adaptive_engine_carries_the_policy_schedule():
     speculative = SpeculativeConfig(strategies=("4_1_4", "2_1_2"), threshold=4)
-    config = build_speculative_config(speculative, "/d", 8, adaptive=True)
+    config = build_speculative_config(speculative, "/d", 8, adaptive=True, method="eagle")
     assert config["num_speculative_tokens_per_batch_size"] == [[1, 1, 4], [2, 4, 2], [5, 8, 0]]
+
+
+def test_the_method_is_the_exports_own(tmp_path):
+    import json
+
+    from verl_tlt.integrations.vllm.speculative_config import drafter_method
+
+    (tmp_path / "config.json").write_text(json.dumps({"verl_tlt": {"format": "eagle3"}}))
+    assert build_speculative_config(SpeculativeConfig(), str(tmp_path), 8)["method"] == "eagle3"
+    (tmp_path / "config.json").write_text(json.dumps({"verl_tlt": {"format": "eagle1"}}))
+    assert drafter_method(str(tmp_path)) == "eagle"
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))
+    assert drafter_method(str(tmp_path)) == "eagle3"  # another trainer's EAGLE-3 checkpoint

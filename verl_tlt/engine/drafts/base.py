@@ -24,7 +24,8 @@ class DraftContext:
     token_ids: the committed sequence (prompt + output); its last token is the root, which the target has not
     processed yet. num_synced: how many leading positions this drafter has already consumed for this row (0 for a
     new request in the slot). hidden_states: [len(token_ids) - 1 - num_synced, H] target last-layer hidden states
-    of positions [num_synced, len(token_ids) - 1), present only when the drafter sets `uses_hidden_states`.
+    of positions [num_synced, len(token_ids) - 1) (followed by the drafter's `feature_layers`, if any), present
+    only when the drafter sets `uses_hidden_states`.
     """
 
     token_ids: list[int]
@@ -37,6 +38,9 @@ class Drafter(ABC):
 
     #: Ask the engine to record the target's last-layer hidden states for `begin` (EAGLE-style drafters).
     uses_hidden_states: bool = False
+    #: Residual-stream states (after that many target layers) the drafter also reads (EAGLE-3): the engine's target
+    #: then appends them to its hidden states (`CausalLM.feature_layers`), and `begin` gets [.., (1 + n) * H].
+    feature_layers: tuple[int, ...] = ()
 
     @property
     @abstractmethod

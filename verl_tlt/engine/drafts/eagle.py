@@ -28,6 +28,7 @@ class EagleDrafter(Drafter):
 
     def __init__(self, model: EagleDrafterModel, max_len: int = 32768):
         self.model = model.eval()
+        self.feature_layers = tuple(model.aux_layers)
         param = model.fc.weight
         self.device, self.dtype = param.device, param.dtype
         layer_spec = dataclasses.replace(model.spec, num_layers=1)
@@ -63,7 +64,8 @@ class EagleDrafter(Drafter):
             root_features = self._forward(tokens, hidden, None, None, None, ends[0], last, start=starts[0])[:, 0]
         else:
             tokens = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)
-            hidden = torch.zeros(len(rows), width, self.model.spec.hidden_size, dtype=self.dtype, device=self.device)
+            features = rows[0].hidden_states.shape[-1]  # the target's vector: EAGLE-3 reads more than its final state
+            hidden = torch.zeros(len(rows), width, features, dtype=self.dtype, device=self.device)
             for b, row in enumerate(rows):
                 tokens[b, : counts[b]] = torch.tensor(row.token_ids[starts[b] + 1 :], device=self.device)
                 hidden[b, : counts[b]] = row.hidden_states

@@ -11,6 +11,10 @@ with fewer, fused calls:
   rotation, so there the rotation stays explicit);
 - the residual additions ride on the products (`addmm`), and the products use contiguous transposed weights
   (the layout small-row products are fastest in on CPU, `engine.cpu_linear`).
+EAGLE-3 drafters (`verl_tlt.drafter.eagle3_model`) take the same path with their own front: fc fuses the target's
+aux features (the drafter's own features skip it), and q/k/v read [norm(embedding), norm(feature)] with the feature
+as the residual; from the attention on the layer is the same.
+
 Training never uses this path. Its layouts are copies of the drafter's parameters, rebuilt by `refresh()` when
 their version changed (an optimizer step or `load_state_dict`; writes through `.data` need `invalidate()`). The
 engine's drafter refreshes once per speculative step (in `begin`), not per forward: reading the versions of
@@ -40,10 +44,17 @@ def _kept(keep: list[int], query: torch.Tensor, x: torch.Tensor, mask: torch.Ten
     return query[rows, index].unsqueeze(1), x[rows, index], kept_mask
 
 
+def _rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
+    """`norm(x)`, through RMSNorm's own fp32 path without the module call where it applies."""
+    if x.dtype == torch.float32 and norm.weight.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.eps)
+    return norm(x)
+
+
 @dataclass
 class _Layouts:
     versions: tuple[int, ...]
-    fc: torch.Tensor  # [2H, H]
+    fc: torch.Tensor  # [2H, H] (EAGLE-3: [n*H, H])
     qkv: torch.Tensor  # [H, q + 2kv (+ q + kv rotated, when folded)]
     qkv_bias: torch.Tensor | None
     o: torch.Tensor  # [q, H]
@@ -61,6 +72,7 @@ class EagleInferenceForward:
         self.num_heads, self.num_kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
         self.q_size, self.kv_size = attn.q_size, attn.kv_size
         self.fold_rotation = attn.q_norm is None
+        self.eagle3 = model.family == "eagle3"
         self.intermediate_size = model.layer.mlp.intermediate_size
         self._layouts: _Layouts | None = None
         self._slots: dict[tuple[int, torch.device], torch.Tensor] = {}  # [B, 1] cache rows, by batch size
@@ -93,7 +105,8 @@ class EagleInferenceForward:
         keep: list[int] | None = None,
         write_start: int | None = None,
     ) -> torch.Tensor:
-        """tokens [B, T] (t_{j+1}), hidden [B, T, H] (h_j); rows are cache slots 0..B-1; mask [B, 1, T, L] or None.
+        """tokens [B, T] (t_{j+1}), hidden [B, T, H] (h_j; EAGLE-3: the target's vector or its own feature); rows
+        are cache slots 0..B-1; mask [B, 1, T, L] or None.
 
         write_start: when every row writes the same consecutive positions write_start..write_start+T-1 (batch 1,
         or rows of equal length), the keys and values go in by slicing instead of through index tensors.
@@ -109,8 +122,12 @@ class EagleInferenceForward:
         rows, width = tokens.shape
         hidden_size = model.spec.hidden_size
         embeds = F.embedding(tokens, model.target.model.embed_tokens.weight)
-        x = torch.cat([embeds, hidden.to(embeds.dtype)], dim=-1).view(rows * width, 2 * hidden_size) @ w.fc
-        qkv = x @ w.qkv if w.qkv_bias is None else torch.addmm(w.qkv_bias, x, w.qkv)
+        if self.eagle3:
+            x, layer_input = self._eagle3_front(embeds.view(rows * width, hidden_size), hidden, w.fc)
+        else:
+            x = torch.cat([embeds, hidden.to(embeds.dtype)], dim=-1).view(rows * width, 2 * hidden_size) @ w.fc
+            layer_input = x
+        qkv = layer_input @ w.qkv if w.qkv_bias is None else torch.addmm(w.qkv_bias, layer_input, w.qkv)
         heads = self.num_heads + self.num_kv_heads
         qkv = qkv.view(rows, width, -1, self.head_dim)  # heads: q, k, v, then (folded) rotated q, k
         qk, v = qkv[:, :, :heads], qkv[:, :, heads : heads + self.num_kv_heads]
@@ -145,14 +162,23 @@ class EagleInferenceForward:
         )  # [B, heads, T, D]
         out = out.transpose(1, 2).reshape(rows * width, self.q_size)
         x = torch.addmm(x, out, w.o) if w.o_bias is None else torch.addmm(x + w.o_bias, out, w.o)
-        norm = model.layer.post_attention_layernorm
-        if x.dtype == torch.float32 and norm.weight.dtype == torch.float32:  # RMSNorm's own fp32 path, minus the call
-            normed = F.rms_norm(x, (hidden_size,), norm.weight, norm.eps)
-        else:
-            normed = norm(x)
+        normed = _rms_norm(x, model.layer.post_attention_layernorm)
         gate_up = normed @ w.gate_up
         act = F.silu(gate_up[:, : self.intermediate_size]).mul_(gate_up[:, self.intermediate_size :])
         return torch.addmm(x, act, w.down).view(rows, width, hidden_size)
+
+    def _eagle3_front(self, embeds: torch.Tensor, hidden: torch.Tensor, fc: torch.Tensor):
+        """(residual, q/k/v input) of an EAGLE-3 layer: the feature (target aux features fused by fc, or the drafter's
+        own) and [norm(embedding), norm(feature)]."""
+        hidden_size = embeds.shape[-1]
+        feature = hidden.to(embeds.dtype)
+        if feature.shape[-1] != hidden_size:
+            feature = self.model.input_features(feature).reshape(-1, fc.shape[0]) @ fc
+        else:
+            feature = feature.reshape(-1, hidden_size)
+        layer = self.model.layer
+        normed = torch.cat([_rms_norm(embeds, layer.input_layernorm), _rms_norm(feature, layer.hidden_norm)], dim=-1)
+        return feature, normed
 
     def _params(self) -> list[torch.Tensor | None]:
         attn, mlp = self.model.layer.self_attn, self.model.layer.mlp

@@ -40,11 +40,16 @@ class TLTActorRolloutRefWorker(ActorRolloutRefWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def tlt_arm_capture(
-        self, step: int, token_budget: int, teacher_top_k: int = 0, windows: CaptureWindows | None = None
+        self,
+        step: int,
+        token_budget: int,
+        teacher_top_k: int = 0,
+        windows: CaptureWindows | None = None,
+        feature_layers: tuple[int, ...] = (),
     ) -> None:
         capture = getattr(self, "_tlt_capture", None)
         if capture is not None:
-            capture.arm(step, token_budget, teacher_top_k, windows)
+            capture.arm(step, token_budget, teacher_top_k, windows, feature_layers)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def tlt_pop_captured(self) -> tuple[list[Any], dict[str, float]]:

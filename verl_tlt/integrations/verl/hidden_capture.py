@@ -53,6 +53,20 @@ def find_final_norm(module: torch.nn.Module) -> torch.nn.Module:
     )
 
 
+def find_decoder_layers(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder layers of a transformers decoder-only model, in order (empty if not found: no EAGLE-3 capture)."""
+    inner = getattr(module, "_fsdp_wrapped_module", module)
+    for path in ("model.layers", "model.language_model.layers", "transformer.h", "model.decoder.layers"):
+        node = inner
+        for part in path.split("."):
+            node = getattr(node, part, None)
+            if node is None:
+                break
+        if isinstance(node, torch.nn.ModuleList):
+            return list(node)
+    return []
+
+
 def find_lm_head(module: torch.nn.Module) -> torch.nn.Module | None:
     """The LM head of a transformers causal LM (tied or not), or None."""
     inner = getattr(module, "_fsdp_wrapped_module", module)
@@ -85,19 +99,31 @@ class HiddenStateCapture:
         engine.forward_step = self._capturing_forward_step
         self._armed: tuple[int, int] | None = None  # (RL step, token budget of this rank)
         self._teacher_top_k = 0  # label at the LM head with this top-k (0: the workers label)
+        self._feature_layers: tuple[int, ...] = ()  # EAGLE-3's layers, captured after the final state
+        self.layers = find_decoder_layers(engine.module)
         self._windows = CaptureWindows()
         # sequence key -> the windows (start, end) to keep of each copy still to capture
         self._wanted: dict[int, list[list[tuple[int, int]]]] = {}
         self.samples: list[DrafterSample] = []
         self.seconds = 0.0
 
-    def arm(self, step: int, token_budget: int, teacher_top_k: int = 0, windows: CaptureWindows | None = None) -> None:
+    def arm(
+        self,
+        step: int,
+        token_budget: int,
+        teacher_top_k: int = 0,
+        windows: CaptureWindows | None = None,
+        feature_layers: tuple[int, ...] = (),
+    ) -> None:
         """Capture from the next planned batch (this rank's share of `token_budget` tokens); teacher_top_k > 0 also
         labels the captured positions from the forward's own logits. windows: how the budget is spent, its
-        `sd_batch` for the whole batch (this rank sees 1/dp_size of the rows, so its share of that)."""
+        `sd_batch` for the whole batch (this rank sees 1/dp_size of the rows, so its share of that).
+        feature_layers: residual-stream states (the inputs of those decoder layers) captured after the final one,
+        for an EAGLE-3 drafter: samples then hold [final | layers] per token."""
         if self.enabled:
             self._armed = (step, max(1, token_budget // self.dp_size))
             self._teacher_top_k = teacher_top_k
+            self._feature_layers = tuple(feature_layers)
             windows = windows or CaptureWindows()
             self._windows = dataclasses.replace(windows, sd_batch=max(1, round(windows.sd_batch / self.dp_size)))
             self._wanted = {}
@@ -168,7 +194,20 @@ class HiddenStateCapture:
                 logger.exception("TLT capture could not label a micro-batch at the LM head; the workers will")
             self.seconds += time.perf_counter() - begin
 
+        def layer_input_hook(layer_id: int):
+            def hook(module, args, kwargs):
+                hidden = kwargs.get("hidden_states", args[0] if args else None)
+                hidden = hidden[0] if isinstance(hidden, tuple) else hidden
+                if isinstance(hidden, torch.Tensor):
+                    hidden = hidden.detach()
+                    captured[f"layer{layer_id}"] = self._gathered(hidden) if self.sp_group is not None else hidden
+
+            return hook
+
         handles = [self.norm.register_forward_hook(hidden_hook)]
+        for layer_id in self._feature_layers:
+            hook = layer_input_hook(layer_id)
+            handles.append(self.layers[layer_id].register_forward_pre_hook(hook, with_kwargs=True))
         if self._teacher_top_k > 0 and self.head is not None and self.sp_group is None:
             handles.append(self.head.register_forward_hook(logits_hook))
         try:
@@ -178,11 +217,23 @@ class HiddenStateCapture:
                 handle.remove()
         begin = time.perf_counter()
         try:
-            self._take(micro_batch, chosen, captured.get("hidden"), captured.get("labels"))
+            self._take(micro_batch, chosen, self._with_features(captured), captured.get("labels"))
         except Exception:  # capture must never break the RL step
             logger.exception("TLT hidden-state capture failed for a micro-batch; skipped")
         self.seconds += time.perf_counter() - begin
         return result
+
+    def _with_features(self, captured: dict[str, Any]) -> torch.Tensor | None:
+        """The final hidden states followed by the feature layers' ([.., (1 + n) * H]), or None if one is missing
+        (a layer the forward skipped: nothing is captured rather than a sample with the wrong features)."""
+        hidden = captured.get("hidden")
+        if hidden is None or not self._feature_layers:
+            return hidden
+        parts = [captured.get(f"layer{layer_id}") for layer_id in self._feature_layers]
+        if any(part is None or part.shape != hidden.shape for part in parts):
+            logger.warning("TLT capture: a feature layer's hidden states were not seen this micro-batch; skipped")
+            return None
+        return torch.cat([hidden, *parts], dim=-1)
 
     def _gathered(self, local: torch.Tensor) -> torch.Tensor:
         """[1, N_pad, H]: this sequence-parallel group's slices of the packed row, in rank order (Ulysses slices the

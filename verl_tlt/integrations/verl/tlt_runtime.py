@@ -28,6 +28,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from verl_tlt.config import TLTConfig
 from verl_tlt.drafter.capture import CaptureWindows
 from verl_tlt.drafter.capture_record import RecordedStep, save_step
+from verl_tlt.drafter.family import feature_layers_for, feature_tokens
 from verl_tlt.drafter.spot_schedule import SpotSchedule
 from verl_tlt.drafter.worker import FAULT_ENV, DrafterWorker
 from verl_tlt.files import write_json
@@ -71,6 +72,7 @@ class TLTRuntime:
         # the policy, so the first capture pushes the replicas' weights before the drafters are scored.
         self._worker_targets_stale = False
         self.resume_dir: Path | None = None
+        self._feature_layers: tuple[int, ...] = ()  # target layers captured besides the final one (EAGLE-3's)
         self._drain_calls: list[Any] = []
         self._freed: set[int] = set()  # replicas that freed their engine's memory for a burst this rollout
         # For tlt.drafter.record_dir: the step being captured, and the policy's shared weights that its rollout
@@ -111,6 +113,8 @@ class TLTRuntime:
         if not any(installed):
             raise RuntimeError("TLT could not hook the actor's forward for hidden-state capture (no actor worker)")
         self.actor_wg = actor_wg
+        if self.tlt.drafter.family == "eagle3":
+            self._feature_layers = _feature_layers(self.tlt.drafter, target_path)
         replicas_count, min_idle = len(self.servers), self.tlt.drafter.min_idle_replicas
         if self.tlt.drafter.train and 1 < replicas_count <= min_idle:
             raise ValueError(
@@ -247,7 +251,10 @@ class TLTRuntime:
                 # The whole batch's: each replica speculates at or below the threshold.
                 sd_batch=self.tlt.speculative.threshold * len(self.servers),
             )
-            self.actor_wg.tlt_arm_capture(step, drafter.capture_tokens, drafter.teacher_top_k, windows)
+            # The budget is memory: EAGLE-3's samples carry more than one vector per token (`feature_tokens`).
+            layers = self._feature_layers
+            tokens = feature_tokens(drafter.capture_tokens, drafter.family, len(layers), labelled=False)
+            self.actor_wg.tlt_arm_capture(step, tokens, drafter.teacher_top_k, windows, layers)
 
     def collect_capture(self) -> None:
         if not self._training:
@@ -438,3 +445,9 @@ class TLTRuntime:
             )
             return
         logger.info("TLT: drafter version %d restored from %s", meta["version"], folder)
+
+
+def _feature_layers(drafter, target_path: str) -> tuple[int, ...]:
+    """The target layers the capture adds for the drafter (EAGLE-3's), from the target's depth and tlt.drafter."""
+    num_layers = json.loads((Path(target_path) / "config.json").read_text())["num_hidden_layers"]
+    return feature_layers_for(drafter.family, drafter.init, int(num_layers))

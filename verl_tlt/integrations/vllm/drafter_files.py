@@ -1,4 +1,4 @@
-"""Moving a drafter between processes as files: an EAGLE-1 export in a node-local directory, replaced atomically.
+"""Moving a drafter between processes as files: an export in a node-local directory, replaced atomically.
 
 vLLM's worker processes read a new drafter from disk (``tlt_load_drafter``): no tensors travel through RPC, the
 write is one atomic directory swap (a reader sees the previous drafter or the new one), and the same directory is
@@ -27,10 +27,11 @@ logger = logging.getLogger(__name__)
 SHM = Path("/dev/shm")
 
 
-def exchange_bytes(hf_config) -> int:
+def exchange_bytes(hf_config, family: str = "eagle", draft_vocab_size: int = 0) -> int:
     """Bytes one replica's exchange directory holds at most: the policy's embedding and LM head (written for the
     drafter workers' refresh, in the model's dtype) and three drafter exports in fp32 (the start-up drafter, the one
-    running and the one being written)."""
+    running and the one being written; an EAGLE-3 export carries its own head too)."""
+    from verl_tlt.drafter.eagle3_model import Eagle3DrafterModel, default_aux_layers
     from verl_tlt.drafter.model import EagleDrafterModel
     from verl_tlt.modeling.model import ModelSpec
 
@@ -39,7 +40,12 @@ def exchange_bytes(hf_config) -> int:
     width = dtype.itemsize if isinstance(dtype, torch.dtype) else 4
     shared = spec.vocab_size * spec.hidden_size * width * (1 if spec.tie_word_embeddings else 2)
     with torch.device("meta"):
-        drafter = sum(p.numel() for p in EagleDrafterModel(spec).parameters())
+        if family == "eagle3":
+            rows = min(draft_vocab_size, spec.vocab_size) or spec.vocab_size
+            model = Eagle3DrafterModel(spec, default_aux_layers(spec.num_layers), rows)
+        else:
+            model = EagleDrafterModel(spec)
+        drafter = sum(p.numel() for p in model.parameters())
     return shared + 3 * 4 * drafter
 
 
@@ -77,17 +83,15 @@ def read_drafter_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 
 
 def export_drafter_state(state: dict[str, torch.Tensor], hf_config, folder: str | os.PathLike, version: int) -> Path:
-    """Write an ``EagleDrafterModel`` state dict (what the drafter trainers publish) as an EAGLE-1 export.
+    """Write a drafter state dict (what the drafter trainers publish, either family) as the export vLLM loads.
 
     The state must fit the target described by `hf_config` exactly (strict load), or ValueError says what differs.
     """
-    from verl_tlt.drafter.export import export_eagle
-    from verl_tlt.drafter.model import EagleDrafterModel
+    from verl_tlt.drafter.family import export_drafter, model_for_state
     from verl_tlt.modeling.model import ModelSpec
 
-    model = EagleDrafterModel(ModelSpec.from_hf_config(hf_config))
     try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as error:
-        raise ValueError(f"Drafter version {version} does not fit this target's drafter: {error}") from error
-    return export_eagle(model, folder, metadata={"version": version})
+        model = model_for_state(state, ModelSpec.from_hf_config(hf_config))
+    except ValueError as error:
+        raise ValueError(f"Drafter version {version}: {error}") from error
+    return export_drafter(model, folder, metadata={"version": version})

@@ -67,7 +67,9 @@ class TLTvLLMHttpServer(RolloutBookkeeping, vLLMHttpServer):
         self._in_flight = 0
         self._kv_lent = False  # the KV cache is freed for a drafter burst (free_for_training)
         self._kv_lock = asyncio.Lock()
-        self._root = drafter_root(self.replica_rank, exchange_bytes(self.model_config.hf_config))
+        drafter = self.tlt.drafter
+        need = exchange_bytes(self.model_config.hf_config, drafter.family, drafter.draft_vocab_size)
+        self._root = drafter_root(self.replica_rank, need)
         drafter = self.tlt.drafter
         max_len = self.config.max_model_len or self.config.prompt_length + self.config.response_length
         self._self_test = DrafterSelfTest(drafter.self_test_tokens, drafter.self_test_min_ratio, max_len)
@@ -96,7 +98,13 @@ class TLTvLLMHttpServer(RolloutBookkeeping, vLLMHttpServer):
         from verl_tlt.drafter.initial import initial_drafter_export
 
         self._exports = DrafterExports(
-            initial_drafter_export(self.tlt.drafter.init, self.model_config.local_path, self._root / "initial"),
+            initial_drafter_export(
+                self.tlt.drafter.init,
+                self.model_config.local_path,
+                self._root / "initial",
+                self.tlt.drafter.family,
+                draft_vocab_size=self.tlt.drafter.draft_vocab_size,
+            ),
             INITIAL_VERSION,
         )
         engine_kwargs.update(
@@ -230,7 +238,7 @@ class TLTvLLMHttpServer(RolloutBookkeeping, vLLMHttpServer):
         return self._exports.version if self._exports is not None else None
 
     async def update_drafter(self, state: dict[str, torch.Tensor], version: int) -> bool:
-        """Load drafter weights `version` (an ``EagleDrafterModel`` state dict) into every worker; False if loaded."""
+        """Load drafter weights `version` (a drafter state dict, either family) into every worker; False if loaded."""
         if version == self._exports.version:
             return False
         from verl_tlt.integrations.vllm.drafter_files import export_drafter_state

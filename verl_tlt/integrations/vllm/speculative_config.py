@@ -77,14 +77,18 @@ def build_speculative_config(
     *,
     dynamic: bool = True,
     adaptive: bool = False,
+    method: str | None = None,
 ) -> dict:
-    """The ``speculative_config`` engine argument: EAGLE-1 from `drafter_dir`, K up to the deepest chain.
+    """The ``speculative_config`` engine argument: the drafter at `drafter_dir` (method eagle or eagle3, as its
+    export says), K up to the deepest chain.
 
     dynamic=False (a vLLM without the per-batch-size schedule) speculates at every batch size; the caller says so.
     adaptive: TLT's scheduler picks K per step (``policy_schedule``); else the deepest chain up to the threshold.
+    method: vLLM's speculative method; None reads it from the export (``drafter_method``).
     """
     depths = chain_depths(speculative)
-    config: dict = {"method": "eagle", "model": drafter_dir, "num_speculative_tokens": depths[0]}
+    method = method or drafter_method(drafter_dir)
+    config: dict = {"method": method, "model": drafter_dir, "num_speculative_tokens": depths[0]}
     if dynamic:
         schedule = (
             policy_schedule(speculative, max_num_seqs)
@@ -93,3 +97,14 @@ def build_speculative_config(
         )
         config["num_speculative_tokens_per_batch_size"] = schedule
     return config
+
+
+def drafter_method(drafter_dir: str) -> str:
+    """vLLM's speculative method for the export at `drafter_dir`: eagle3 for an EAGLE-3 drafter, else eagle."""
+    import json
+    from pathlib import Path
+
+    from verl_tlt.drafter.load_eagle3 import is_eagle3_config
+
+    config = json.loads((Path(drafter_dir) / "config.json").read_text())
+    return "eagle3" if is_eagle3_config(config) else "eagle"

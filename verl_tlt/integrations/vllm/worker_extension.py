@@ -4,10 +4,13 @@ verl's vLLM server passes ``worker_extension_cls``; vLLM mixes that class into i
 subclasses verl's own (whose weight sync must keep working) and adds methods the TLT server calls through
 ``engine.collective_rpc``:
 
-- ``tlt_load_drafter(path, version)``: read an EAGLE-1 export's tensors (``verl_tlt.drafter.export`` layout) and
-  load them into the running drafter: ``fc`` and the decoder layer only. The embedding and LM head are never
-  loaded: vLLM shares the target's modules with the drafter, so loading them would overwrite the target's.
-  A load that fails part-way restores the previous drafter's tensors, so the engine keeps the last good drafter.
+- ``tlt_load_drafter(path, version)``: read an export's tensors (``verl_tlt.drafter.export`` or ``export_eagle3``
+  layout) and load them into the running drafter: ``fc`` and the decoder layer, and for EAGLE-3 its final norm,
+  own head and draft-vocabulary map (``d2t``). The embedding is never loaded: vLLM shares the target's module with
+  the drafter, so loading it would overwrite the target's. vLLM also shares the target's LM head with an EAGLE-3
+  drafter whose head equals it at start-up (an untrained drafter over the whole vocabulary): before its own head is
+  loaded, such a drafter gets a copy, so the target's head is never written. A load that fails part-way restores
+  the previous drafter's tensors, so the engine keeps the last good drafter.
 - ``tlt_drafter_version()``: the version each worker runs.
 
 Sleep: a level-2 sleep discards every weight, the drafter's too, and verl's weight sync restores the target only.
@@ -26,8 +29,9 @@ from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension
 
 logger = logging.getLogger(__name__)
 
-# Tensor name prefixes of a drafter export that belong to the drafter alone (never the target's shared modules).
-DRAFTER_OWN_PREFIXES = ("fc.", "layers.")
+# Tensor name prefixes of a drafter export that belong to the drafter alone (EAGLE-1: fc and the layer; EAGLE-3: also
+# its layer's other name, final norm, own head and map). Never the embedding, which is the target's.
+DRAFTER_OWN_PREFIXES = ("fc.", "layers.", "midlayer.", "norm.", "lm_head.", "d2t")
 
 
 class TLTWorkerExtension(vLLMColocateWorkerExtension):
@@ -39,7 +43,9 @@ class TLTWorkerExtension(vLLMColocateWorkerExtension):
         model = self._tlt_draft_model()
         tensors = {name: t for name, t in read_drafter_tensors(path).items() if name.startswith(DRAFTER_OWN_PREFIXES)}
         if not tensors:
-            raise ValueError(f"drafter version {version} at {path} has no fc.* / layers.* tensors")
+            raise ValueError(f"drafter version {version} at {path} has no drafter tensors (fc.*, layers.*, midlayer.*)")
+        if any(name.startswith("lm_head.") for name in tensors):
+            self._tlt_own_lm_head(model)
         previous = getattr(self, "_tlt_snapshot", None)
         try:
             _load(model, tensors)
@@ -85,6 +91,22 @@ class TLTWorkerExtension(vLLMColocateWorkerExtension):
         raise RuntimeError(
             "TLT: this vLLM worker has no drafter model (was the engine started without speculative_config?)"
         )
+
+    def _tlt_own_lm_head(self, model: torch.nn.Module) -> None:
+        """Give the drafter its own copy of the LM head if vLLM shares the target's with it (see the module's doc)."""
+        import copy
+
+        target_head = getattr(getattr(self.model_runner, "model", None), "lm_head", None)
+        head = getattr(model, "lm_head", None)
+        if head is not None and target_head is not None and head is target_head:
+            own = copy.deepcopy(head)
+            # A parameter's deep copy drops vLLM's attributes (its weight_loader, which handles the head's padded
+            # rows): put them back, methods bound to the copy.
+            for key, value in vars(head.weight).items():
+                bound = getattr(value, "__self__", None) is head
+                setattr(own.weight, key, getattr(own, value.__name__) if bound else value)
+            model.lm_head = own
+            logger.info("TLT: the EAGLE-3 drafter shared the target's LM head; it now has its own copy")
 
     def _tlt_install_wake_up_restore(self) -> None:
         if self.__dict__.get("_tlt_wake_up_wrapped"):
