@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from verl_tlt.config import DrafterConfig
@@ -42,18 +43,20 @@ def ensure_toy_drafter(
     num_steps: int = WARMUP_STEPS,
     compact_share: float = 0.0,
     shape: str = "default",
+    family: str = "eagle",
 ) -> Path:
     """Path of a drafter warmed up on the cached toy target's own greedy and T=1 answers (trained once, reused).
 
     compact_share and shape select the target (see `ensure_toy_target`); the drafter's cache folder names its
-    target.
+    target. family: eagle (EAGLE-1/2) or eagle3, trained with the same recipe.
     """
     from verl_tlt.warmup.offline import drafter_built_once
 
     root = Path(cache_root) if cache_root is not None else default_cache_root()
     target = ensure_toy_target(root, seed=seed, compact_share=compact_share, shape=shape)
 
-    entry = root / f"toy-drafter-v{TOY_DRAFTER_VERSION}-{target.name}-steps{num_steps}"
+    suffix = "" if family == "eagle" else f"-{family}"  # EAGLE-1 entries keep their names
+    entry = root / f"toy-drafter-v{TOY_DRAFTER_VERSION}-{target.name}-steps{num_steps}{suffix}"
     return drafter_built_once(
         entry,
         target,
@@ -63,5 +66,5 @@ def ensure_toy_drafter(
         temperature=WARMUP_TEMPERATURES,
         max_tokens=WARMUP_MAX_TOKENS,
         seed=seed,
-        config=WARMUP_CONFIG,
+        config=replace(WARMUP_CONFIG, family=family),
     )

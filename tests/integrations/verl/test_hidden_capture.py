@@ -64,6 +64,7 @@ class FakeEngine:
     def __init__(self, module: torch.nn.Module, layout: str = "packed"):
         self.module, self.layout = module, layout
         self.seen: list[torch.Tensor] = []  # the last hidden state of every forward
+        self.seen_all: list[tuple[torch.Tensor, ...]] = []  # every layer's (transformers' hidden_states)
 
     def forward_step(self, micro_batch, loss_function=None, forward_only=True):
         sequences = list(micro_batch["input_ids"].unbind())
@@ -85,6 +86,7 @@ class FakeEngine:
                     input_ids[i, : len(s)], attention_mask[i, : len(s)] = s, 1
                 out = self.module(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
         self.seen.append(out.hidden_states[-1])
+        self.seen_all.append(out.hidden_states)
         return {"logits": out.logits, "loss_function": loss_function, "forward_only": forward_only}
 
 
@@ -165,6 +167,30 @@ def test_packed_layout_captures_the_planned_windows_with_the_models_last_hidden_
         assert sample.response_mask.tolist() == expected_mask(row)[start:end]
     tokens = sum(end - start for _, start, end in windows)
     assert stats["samples"] == len(windows) and stats["tokens"] == tokens <= BUDGET and stats["seconds"] > 0.0
+
+
+def test_armed_with_feature_layers_the_samples_carry_the_final_state_then_those_layers_inputs(model):
+    """EAGLE-3's capture: [final | the input of each named decoder layer], which is transformers' hidden_states[i]."""
+    engine, capture, infer_batch = install(model, "packed", micro_batch_size=2)
+    data = make_batch()
+    capture.arm(step=3, token_budget=BUDGET, feature_layers=(0, 1))
+    infer_batch(data)
+    samples, _ = capture.pop()
+    windows = planned(data, BUDGET, step=3)
+    assert len(samples) == len(windows) >= 2
+    rows: dict[int, torch.Tensor] = {}
+    row = 0
+    for states, mb in zip(engine.seen_all, micro_batches(data, 2), strict=True):
+        offsets = mb["input_ids"].offsets().tolist()
+        for a, b in zip(offsets, offsets[1:], strict=False):
+            rows[row] = torch.cat([states[-1][0, a:b], states[0][0, a:b], states[1][0, a:b]], dim=-1)
+            row += 1
+    for sample, (row, start, end) in zip(samples, windows, strict=True):
+        assert sample.hidden_states.shape[-1] == 3 * model.config.hidden_size
+        assert torch.equal(sample.hidden_states, rows[row][start:end])
+    capture.arm(step=4, token_budget=BUDGET)  # armed without them again: the final state alone
+    infer_batch(data)
+    assert capture.pop()[0][0].hidden_states.shape[-1] == model.config.hidden_size
 
 
 def test_one_sequence_per_micro_batch_captures_exactly_the_sequences_own_hidden_states(model):
