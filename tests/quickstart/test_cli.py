@@ -111,3 +111,39 @@ def test_a_real_models_inputs_carry_its_tlt_settings_into_every_run(tmp_path, mo
     overrides = quickstart_overrides(inputs, settings)
     assert all(o in overrides for o in REAL_MODEL_TLT_OVERRIDES) and REAL_MODEL_TLT_OVERRIDES
     assert f"tlt.drafter.init={tmp_path / 'drafter'}" in overrides
+
+
+def test_eagle3_runs_on_the_toy_and_a_real_model_is_told_how_to_bring_its_own(tmp_path, capsys):
+    assert _tree().parse_args(["quickstart", "--family", "eagle3"]).family == "eagle3"
+    assert _tree().parse_args(["quickstart"]).family == "eagle"
+    with pytest.raises(SystemExit):
+        cli.main(["--family", "eagle3", "--model", "smollm2-135m", "--out", str(tmp_path)])
+    assert "tlt.drafter.family=eagle3 tlt.drafter.init=" in capsys.readouterr().err
+
+
+def test_the_toy_inputs_name_the_family_and_its_drafter(tmp_path, monkeypatch):
+    """prepare_toy warms up (or reuses) the drafter of the asked family and every TLT run trains that family."""
+    import contextlib
+
+    import verl_tlt.toy.build as build
+    import verl_tlt.toy.drafter as toy_drafter
+    import verl_tlt.toy.sft as sft
+    from verl_tlt.quickstart import runner
+    from verl_tlt.quickstart.recipe import quickstart_overrides
+
+    asked = {}
+    world = argparse.Namespace(root=tmp_path, model_dir=tmp_path, train_parquet="t", val_parquet="v", reward_fn="r")
+    monkeypatch.setattr(build, "build_toy_world", lambda root: world)
+    monkeypatch.setattr(sft, "ensure_toy_target", lambda cache, compact_share: tmp_path / "target")
+    monkeypatch.setattr(runner, "check_same_tokenizer", lambda a, b: None)
+    monkeypatch.setattr(
+        toy_drafter, "ensure_toy_drafter", lambda cache, compact_share, family: asked.setdefault("family", family)
+    )
+
+    class Timer:
+        def stage(self, name):
+            return contextlib.nullcontext()
+
+    inputs = runner.prepare_toy(tmp_path, Timer(), "eagle3")
+    assert asked == {"family": "eagle3"}
+    assert "tlt.drafter.family=eagle3" in quickstart_overrides(inputs, settings_for("toy"))

@@ -1,7 +1,8 @@
-"""`verl-tlt bench sd {curve,drafts,vllm}`: speculative vs plain decoding, one subcommand per measurement.
+"""`verl-tlt bench sd {curve,drafts,families,vllm}`: speculative vs plain decoding, one subcommand per measurement.
 
 - `curve`: the torch engine's speedup curve over batch sizes and the acceptance lengths, per strategy;
 - `drafts SOURCE...`: draft sources (the drafter, the GRPO group's text, both) on the tails of groups;
+- `families`: an EAGLE-3 drafter against an EAGLE-1 one (acceptance, batch-1 speed, a control arm);
 - `vllm`: the same target and drafter on vLLM, as TLT sets it up in verl (fixed K, the threshold gate, the adaptive
   K policy on a long tail).
 
@@ -60,6 +61,30 @@ def add_sd(bench: argparse._SubParsersAction) -> None:
         default=[0.0, 1.0, 2.0],
         help="sampling temperatures measured (keyed sampling keeps every arm's tokens identical)",
     )
+
+    families = add_command(
+        sd,
+        "families",
+        _run_families,
+        "an EAGLE-3 drafter against an EAGLE-1 drafter of the same target: acceptance and batch-1 speed, with a "
+        "repeated EAGLE-1 arm as the control (torch engine, or vLLM's CPU build)",
+    )
+    families.add_argument("--json", help="write results to this path")
+    families.add_argument(
+        "--model", default="toy", help="toy (the trained toy target) or a real model of `verl-tlt models list`"
+    )
+    for family in ("eagle", "eagle3"):
+        families.add_argument(
+            f"--{family}",
+            default=None,
+            help=f"the {family} drafter's export folder (default: the model's cached warm-up drafter of that family, "
+            "trained on first use)",
+        )
+    families.add_argument("--engine", choices=["torch", "vllm"], default="torch", help="which engine decodes")
+    families.add_argument("--k", type=positive_int, default=4, help="chain depth K (the same for both drafters)")
+    families.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0 = greedy)")
+    families.add_argument("--prompts", type=positive_int, default=16, help="fresh prompts, decoded one at a time")
+    families.add_argument("--max-tokens", type=positive_int, default=256, help="cap on each answer's tokens")
 
     vllm = add_command(
         sd,
@@ -207,6 +232,38 @@ def _run_drafts(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
     )
     run_group_sd(args.json, config, subject_of(args), device=args.device, sampling=args.sampling)
+    return 0
+
+
+def _run_families(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    from verl_tlt.bench.family_bench import run as run_families
+    from verl_tlt.bench.subject import family_drafters
+
+    if args.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        usage_error(args, "--engine vllm needs vLLM: run scripts/setup_vllm_env.sh and use .venv-vllm/bin/verl-tlt")
+    if args.temperature < 0:
+        usage_error(args, f"--temperature must be >= 0, got {args.temperature}")
+    from verl_tlt.bench.subject import known_subjects
+    from verl_tlt.models.prepare import MODEL_ERRORS
+
+    if args.model not in known_subjects():
+        usage_error(args, f"--model must be one of {', '.join(known_subjects())}, got {args.model!r}")
+    try:
+        subject, drafters = family_drafters(args.model, {"eagle": args.eagle, "eagle3": args.eagle3})
+    except MODEL_ERRORS as error:
+        usage_error(args, str(error))
+    run_families(
+        args.json,
+        subject,
+        drafters,
+        k=args.k,
+        temperature=args.temperature,
+        num_prompts=args.prompts,
+        max_tokens=args.max_tokens,
+        engine=args.engine,
+    )
     return 0
 
 

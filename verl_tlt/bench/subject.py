@@ -69,6 +69,32 @@ def bench_subject(model: str = TOY, toy_shape: str = "default", drafter: str | N
     return BenchSubject(model, ensure_model(model), chosen or ensure_task_drafter(model))
 
 
+def family_drafters(model: str, given: dict[str, str | None]) -> tuple[BenchSubject, dict[str, Path]]:
+    """The subject `model` and one drafter per family ({"eagle": ..., "eagle3": ...}): the folders `given`, or the
+    model's cached warm-up drafter of that family (trained on first use: minutes for the toy, tens of minutes for a
+    real model on 2 cores). Each folder must hold a drafter of its family."""
+    from verl_tlt.drafter.load import read_export_config
+    from verl_tlt.drafter.load_eagle3 import is_eagle3_config
+
+    drafters = {}
+    for family, folder in given.items():
+        if folder is not None:
+            path = _drafter_folder(folder)
+        elif model == TOY:
+            from verl_tlt.toy.drafter import ensure_toy_drafter
+
+            path = ensure_toy_drafter(family=family)
+        else:
+            from verl_tlt.tasks.drafter import ensure_task_drafter
+
+            path = ensure_task_drafter(model, family=family)
+        found = "eagle3" if is_eagle3_config(read_export_config(path)) else "eagle"
+        if found != family:
+            raise ValueError(f"--{family} {path} holds an {found} drafter, not an {family} one")
+        drafters[family] = path
+    return bench_subject(model, drafter=str(drafters["eagle"])), drafters
+
+
 def _drafter_folder(drafter: str) -> Path:
     from verl_tlt.drafter.export import CONFIG_FILE
 

@@ -79,6 +79,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the rollout engine: verl-tlt's torch engine, or verl's vLLM rollout on vLLM's CPU build (needs the vLLM "
         "environment: recipes/quickstart_cpu.sh --rollout vllm sets it up and uses it)",
     )
+    parser.add_argument(
+        "--family",
+        choices=["eagle", "eagle3"],
+        default="eagle",
+        help="the drafter family TLT trains (tlt.drafter.family): eagle (EAGLE-1/2) or eagle3 (EAGLE-3; on the toy, "
+        "its drafter is warmed up on first use, a few minutes)",
+    )
     parser.add_argument("--timeout", type=float, default=1200, help="hard limit per verl job, seconds")
     parser.add_argument("--no-plot", action="store_true", help="skip comparison.png (no matplotlib needed)")
     parser.add_argument(
@@ -124,6 +131,13 @@ def run(args: argparse.Namespace) -> int:
 
         if args.model not in REAL_MODELS:
             usage_error(args, f"--model must be {TOY} or one of {', '.join(REAL_MODELS)}, got {args.model!r}")
+    if args.family != "eagle" and args.model != TOY:
+        usage_error(
+            args,
+            f"--family {args.family} runs with --model {TOY}: a real model's EAGLE-3 drafter takes hours to warm up on "
+            f"CPU. Warm one up (verl-tlt drafter warmup --family {args.family} ...) and pass it with --override "
+            f"tlt.drafter.family={args.family} tlt.drafter.init=<its folder>",
+        )
     chosen = {f.name: getattr(args, f.name) for f in fields(GRPOSettings) if getattr(args, f.name) is not None}
     out = Path(args.out)
     summary = run_comparison(
@@ -134,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         extra=args.override,
         model=args.model,
+        family=args.family,
     )
     write_json(out / "summary.json", summary)
     print(format_report(summary))

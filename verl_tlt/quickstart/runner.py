@@ -78,8 +78,8 @@ def setup_seconds(environ: Mapping[str, str] = os.environ) -> float | None:
     return seconds
 
 
-def prepare_toy(cache: Path, timer: StageTimer) -> QuickstartInputs:
-    """The toy world, the SFT toy target and its warmed-up drafter: built once into `cache`, reused afterwards."""
+def prepare_toy(cache: Path, timer: StageTimer, family: str = "eagle") -> QuickstartInputs:
+    """The toy world, the SFT toy target and its warmed-up drafter of `family`: built once into `cache`, reused."""
     from verl_tlt.toy.build import build_toy_world
     from verl_tlt.toy.drafter import ensure_toy_drafter
     from verl_tlt.toy.sft import DRIFTING_COMPACT_SHARE, ensure_toy_target
@@ -91,7 +91,7 @@ def prepare_toy(cache: Path, timer: StageTimer) -> QuickstartInputs:
         target = ensure_toy_target(cache, compact_share=DRIFTING_COMPACT_SHARE)
         check_same_tokenizer(world.model_dir, target)
     with timer.stage("drafter"):
-        drafter = ensure_toy_drafter(cache, compact_share=DRIFTING_COMPACT_SHARE)
+        drafter = ensure_toy_drafter(cache, compact_share=DRIFTING_COMPACT_SHARE, family=family)
     logger.info("actor: toy target %s; drafter warmed up on it: %s", target, drafter)
     return QuickstartInputs(
         model=TOY,
@@ -103,7 +103,7 @@ def prepare_toy(cache: Path, timer: StageTimer) -> QuickstartInputs:
         # The concise reward moves the policy towards the compact style the drafter rarely saw: it drifts.
         reward_name="compute_score_concise",
         max_prompt_length=16,
-        tlt_overrides=tuple(TOY_DRAFTER_OVERRIDES),
+        tlt_overrides=(*TOY_DRAFTER_OVERRIDES, f"tlt.drafter.family={family}"),
     )
 
 
@@ -155,8 +155,10 @@ def run_comparison(
     timeout_s: float,
     extra: Sequence[str] = (),
     model: str = TOY,
+    family: str = "eagle",
 ) -> dict[str, Any]:
-    """All stages of the quickstart; returns its summary (see the keys below)."""
+    """All stages of the quickstart; returns its summary (see the keys below). family: the drafter family every TLT
+    run trains (and warms up, on the toy)."""
     timer = StageTimer()
     setup = setup_seconds()
     if setup is not None:
@@ -165,7 +167,7 @@ def run_comparison(
     if missing:
         logger.warning("runs %s left out (--runs): the report will lack what needs them", missing)
     if model == TOY:
-        inputs = prepare_toy(cache, timer)
+        inputs = prepare_toy(cache, timer, family)
     else:
         from verl_tlt.quickstart.real_model import prepare_real_model
 
@@ -186,6 +188,7 @@ def run_comparison(
         missing=missing,
         rollout=settings.rollout,
         model=model,
+        family=family,
     )
 
 
@@ -218,14 +221,17 @@ def build_summary(
     missing: list[str],
     rollout: str = "torch",
     model: str = TOY,
+    family: str = "eagle",
 ) -> dict[str, Any]:
     runs = {name: r.rows for name, r in results.items()}
     responses = {name: r.responses for name, r in results.items()}
     job = "toy GRPO" if model == TOY else f"GRPO of {model} on reasoning-gym tasks"
+    drafter = "EAGLE-3" if family == "eagle3" else "EAGLE"
     return {
-        "job": f"{job} on CPU, {rollout} rollout, {replicas} replicas: baseline vs TLT vs TLT with a frozen "
-        f"drafter, and the baseline repeated ({CONTROL}) as a control",
+        "job": f"{job} on CPU, {rollout} rollout, {replicas} replicas: baseline vs TLT ({drafter} drafter) vs TLT "
+        f"with a frozen drafter, and the baseline repeated ({CONTROL}) as a control",
         "model": model,
+        "drafter_family": family,
         "missing_runs": missing,
         **(headline(runs) if all(name in runs for name in COMPARED) else {}),
         **({"group_drafts": group_drafts_summary(runs)} if GROUP_DRAFTS in runs and "tlt" in runs else {}),

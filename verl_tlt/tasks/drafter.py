@@ -8,6 +8,7 @@ them (the same chat prompt and template), from a problem seed apart from the tra
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from verl_tlt.chat import chat_prompt_ids
@@ -51,14 +52,17 @@ def ensure_task_drafter(
     seed: int = 0,
     num_steps: int = WARMUP_STEPS,
     per_task: int = WARMUP_PROBLEMS_PER_TASK,
+    family: str = "eagle",
 ) -> Path:
-    """Path of a drafter warmed up on the prepared model's own answers to the real tasks (trained once, reused)."""
+    """Path of a drafter of `family` (eagle or eagle3) warmed up on the prepared model's own answers to the real
+    tasks (trained once, reused)."""
     from verl_tlt.warmup.offline import drafter_built_once
 
     root = Path(cache_root) if cache_root is not None else default_cache_root()
     target = ensure_model(model, root)
 
-    entry = root / f"task-drafter-v{TASK_DRAFTER_VERSION}-{target.name}-p{per_task}-steps{num_steps}-seed{seed}"
+    suffix = "" if family == "eagle" else f"-{family}"  # EAGLE-1 entries keep their names
+    entry = root / f"task-drafter-v{TASK_DRAFTER_VERSION}-{target.name}-p{per_task}-steps{num_steps}-seed{seed}{suffix}"
     return drafter_built_once(
         entry,
         target,
@@ -68,5 +72,5 @@ def ensure_task_drafter(
         temperature=WARMUP_TEMPERATURES,
         max_tokens=WARMUP_MAX_TOKENS,
         seed=seed,
-        config=WARMUP_CONFIG,
+        config=replace(WARMUP_CONFIG, family=family),
     )
