@@ -36,6 +36,7 @@ LEAVES = [
     ("bench", "verify"),
     ("bench", "sd", "curve"),
     ("bench", "sd", "drafts"),
+    ("bench", "sd", "families"),
     ("bench", "sd", "vllm"),
     ("bench", "adaptive"),
     ("bench", "replay"),

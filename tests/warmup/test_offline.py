@@ -136,3 +136,43 @@ def test_a_bf16_collection_is_cached_apart_from_fp32_and_fp32_keys_are_unchanged
     fp32 = collection_key(*args)
     assert collection_key(*args, "float32") == fp32  # what earlier runs cached stays valid
     assert collection_key(*args, "bfloat16") != fp32  # GPU answers differ: never mixed up with CPU ones
+
+
+def test_an_eagle3_warmup_collects_its_layers_and_exports_a_drafter_that_drafts_well(tmp_path):
+    """The EAGLE-3 warm-up records the target's feature layers with each token (cached apart from EAGLE-1's
+    collection), trains with its recipe and exports what `from_pretrained(drafter=...)` serves."""
+    from tests.engine.conftest import build_tiny_model
+    from verl_tlt.drafter.eagle3_model import Eagle3DrafterModel
+
+    build_tiny_model("qwen2", tmp_path / "target", weight_std=0.2, num_layers=5)
+    config = DrafterConfig(family="eagle3", lr=3e-3, max_tokens_per_batch=128, draft_vocab_size=64)
+    report = warmup_drafter(
+        str(tmp_path / "target"),
+        PROMPTS,
+        tmp_path / "drafter",
+        num_steps=150,
+        temperature=0.0,
+        max_tokens=30,
+        config=config,
+        cache_root=tmp_path / "cache",
+    )
+    assert report.train_steps == 150 and report.teacher_loss_gap  # the gap is measured on the captured layers too
+    engine = RolloutEngine.from_pretrained(str(tmp_path / "target"), drafter=report.output_dir)
+    assert isinstance(engine.drafter.model, Eagle3DrafterModel) and engine.model.feature_layers == (1, 2, 4)
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    outputs = engine.generate(PROMPTS, params, "4_1_4")
+    plain = RolloutEngine.from_pretrained(str(tmp_path / "target")).generate(PROMPTS, params)
+    assert [o.token_ids for o in outputs] == [o.token_ids for o in plain]
+    steps = sum(o.stats["num_verify_steps"] for o in outputs)
+    assert (sum(o.stats["num_accepted_tokens"] for o in outputs) + steps) / steps > 2.0
+    eagle1 = warmup_drafter(
+        str(tmp_path / "target"),
+        PROMPTS,
+        tmp_path / "eagle1",
+        num_steps=1,
+        temperature=0.0,
+        max_tokens=30,
+        config=DrafterConfig(max_tokens_per_batch=128),
+        cache_root=tmp_path / "cache",
+    )
+    assert not eagle1.collected_from_cache  # EAGLE-1 answers are recorded without the layers: another entry

@@ -1,8 +1,11 @@
-"""EAGLE-3 drafters on real vLLM (the CPU build): a Qwen3 target (which vLLM's EAGLE-1 path cannot serve) and the toy
-Qwen2 target, each with a drafter trained here and exported as `method: eagle3`: greedy outputs equal plain decoding,
-vLLM accepts what the torch engine accepts with the same drafter (the export means the same model in both), in-place
-loads of the drafter (its own head and map included) take effect without touching the target, and the drafter comes
-back after a wake-up. Every engine runs under a hard timeout (a crashed engine core tends to hang its caller).
+"""EAGLE-3 drafters on real vLLM (the CPU build), on a Qwen3 target (which vLLM's EAGLE-1 path cannot serve).
+
+The engine starts as TLT's server starts it with `tlt.drafter.init=target`: from the untrained drafter, whose head
+over the whole vocabulary equals the target's, so vLLM shares the target's head with it. Then a drafter trained here
+is loaded in place (its own head and map included): greedy outputs equal plain decoding, vLLM accepts what the torch
+engine accepts with the same export (it means the same model in both), loads take effect without ever touching the
+target's head, and the drafter comes back after a wake-up. (The toy's Qwen2 target through the same path:
+`verl-tlt bench sd families --engine vllm`, docs/benchmarks.md.) Every engine runs under a hard timeout.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ from verl_tlt.engine import RolloutEngine, SamplingParams  # noqa: E402
 from verl_tlt.engine.drafts.eagle import EagleDrafter  # noqa: E402
 from verl_tlt.metrics.decode_metrics import overall_acceptance as acceptance  # noqa: E402
 from verl_tlt.modeling.model import sequence_hidden_states  # noqa: E402
-from verl_tlt.toy.sft import ensure_toy_target  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
@@ -64,7 +66,8 @@ def trained_eagle3(target: str, out, steps: int = 80):
     """(trained export, untrained export) of EAGLE-3 drafters for `target`, the trained one fitted to the target's
     greedy answers to PROMPTS."""
     engine = RolloutEngine.from_pretrained(target, max_num_seqs=8)
-    config = DrafterConfig(family="eagle3", lr=3e-3, max_tokens_per_batch=256, draft_vocab_size=64)
+    # The whole vocabulary: the untrained export's head is then the target's, which vLLM shares (see the docstring).
+    config = DrafterConfig(family="eagle3", lr=3e-3, max_tokens_per_batch=256, draft_vocab_size=256)
     torch.manual_seed(0)
     model = new_drafter(engine.model, "eagle3", draft_vocab_size=config.draft_vocab_size)
     untrained = export_drafter(model, out / "untrained")
@@ -93,12 +96,12 @@ def torch_acceptance(target: str, drafter) -> float:
     return (steps + sum(o.stats.get("num_accepted_tokens", 0) for o in outputs)) / steps
 
 
-@pytest.fixture(scope="module", params=["qwen3", "toy"])
-def setup(request, tmp_path_factory):
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
     from verl_tlt.integrations.vllm.local_engine import LocalVllmEngine
 
-    root = tmp_path_factory.mktemp(f"eagle3-{request.param}")
-    target = build_qwen3(root / "target") if request.param == "qwen3" else str(ensure_toy_target())
+    root = tmp_path_factory.mktemp("eagle3-qwen3")
+    target = build_qwen3(root / "target")
     trained, untrained = trained_eagle3(target, root)
     plain = LocalVllmEngine(target, max_num_seqs=8)
     expected = plain.generate(PROMPTS, MAX_TOKENS).token_ids
@@ -107,7 +110,8 @@ def setup(request, tmp_path_factory):
     import os
 
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # lets a test send a function to the workers
-    sd = LocalVllmEngine(target, drafter_dir=str(trained), speculative=speculative, max_num_seqs=8)
+    sd = LocalVllmEngine(target, drafter_dir=str(untrained), speculative=speculative, max_num_seqs=8)
+    sd.load_drafter(str(trained), 100)
     yield target, sd, expected, trained, untrained
     sd.close()
 
