@@ -146,6 +146,8 @@ def _summary(totals, identical, engine, subject, drafters, k, temperature, num_p
             steps = max(total["steps"], 1)
             row["acceptance_length"] = round((total["accepted"] + total["steps"]) / steps, 3)
             row["speedup"] = round(rate / plain_rate, 3)
+            # What one speculative step costs (drafting K tokens, verifying, committing): speed = acceptance / this.
+            row["ms_per_step"] = round(1000 * total["seconds"] / steps, 3)
         rows[name] = row
     eagle, eagle3 = rows["eagle"], rows["eagle3"]
     return {
@@ -164,6 +166,7 @@ def _summary(totals, identical, engine, subject, drafters, k, temperature, num_p
         "eagle3_over_eagle": {
             "acceptance_length": round(eagle3["acceptance_length"] / eagle["acceptance_length"], 3),
             "tokens_per_s": round(eagle3["tokens_per_s"] / eagle["tokens_per_s"], 3),
+            "ms_per_step": round(eagle3["ms_per_step"] / eagle["ms_per_step"], 3),
         },
         "control_speed_ratio": round(rows["eagle_repeat"]["tokens_per_s"] / eagle["tokens_per_s"], 3),
     }
@@ -173,15 +176,17 @@ def format_table(result: dict) -> str:
     lines = [
         f"bench sd families on {result['engine']}: {result['subject']['model']}, K={result['k']} chains, "
         f"T={result['temperature']:g}, batch 1, {result['prompts']} prompts; identical outputs: {result['identical']}",
-        f"{'arm':>14} {'tok/s':>8} {'acceptance':>10} {'speedup':>8}",
+        f"{'arm':>14} {'tok/s':>8} {'acceptance':>10} {'speedup':>8} {'ms/SD step':>10}",
     ]
     for name, row in result["arms"].items():
         acceptance = f"{row['acceptance_length']:.2f}" if "acceptance_length" in row else "-"
         speedup = f"{row['speedup']:.2f}x" if "speedup" in row else "-"
-        lines.append(f"{name:>14} {row['tokens_per_s']:8.1f} {acceptance:>10} {speedup:>8}")
+        step = f"{row['ms_per_step']:.2f}" if "ms_per_step" in row else "-"
+        lines.append(f"{name:>14} {row['tokens_per_s']:8.1f} {acceptance:>10} {speedup:>8} {step:>10}")
     ratio = result["eagle3_over_eagle"]
     lines.append(
-        f"EAGLE-3 / EAGLE-1: acceptance {ratio['acceptance_length']:.2f}x, speed {ratio['tokens_per_s']:.2f}x; "
-        f"control (EAGLE-1 again / EAGLE-1) speed {result['control_speed_ratio']:.2f}x"
+        f"EAGLE-3 / EAGLE-1: acceptance {ratio['acceptance_length']:.2f}x, speed {ratio['tokens_per_s']:.2f}x, cost of "
+        f"an SD step {ratio['ms_per_step']:.2f}x; control (EAGLE-1 again / EAGLE-1) speed "
+        f"{result['control_speed_ratio']:.2f}x"
     )
     return "\n".join(lines)

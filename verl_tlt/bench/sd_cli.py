@@ -62,6 +62,31 @@ def add_sd(bench: argparse._SubParsersAction) -> None:
         help="sampling temperatures measured (keyed sampling keeps every arm's tokens identical)",
     )
 
+    _add_families(sd)
+
+    vllm = add_command(
+        sd,
+        "vllm",
+        _run_vllm,
+        "vLLM set up as TLT sets it up in verl (needs vLLM: scripts/setup_vllm_env.sh, then .venv-vllm/bin/verl-tlt)",
+    )
+    _add_measurement(vllm, SD_BATCH_SIZES)
+    vllm.add_argument("--ks", nargs="+", type=int, default=[2, 4, 6, 8], help="chain depths K, one SD engine each")
+    vllm.add_argument(
+        "--threshold",
+        type=int,
+        default=8,
+        help="the gated engines speculate up to this many running requests; measured at the batch sizes above it",
+    )
+    vllm.add_argument(
+        "--long-tail-prompts",
+        type=int,
+        default=64,
+        help="prompts of the long-tail rollout on which the adaptive K policy meets the best fixed K",
+    )
+
+
+def _add_families(sd: argparse._SubParsersAction) -> None:
     families = add_command(
         sd,
         "families",
@@ -85,27 +110,6 @@ def add_sd(bench: argparse._SubParsersAction) -> None:
     families.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0 = greedy)")
     families.add_argument("--prompts", type=positive_int, default=16, help="fresh prompts, decoded one at a time")
     families.add_argument("--max-tokens", type=positive_int, default=256, help="cap on each answer's tokens")
-
-    vllm = add_command(
-        sd,
-        "vllm",
-        _run_vllm,
-        "vLLM set up as TLT sets it up in verl (needs vLLM: scripts/setup_vllm_env.sh, then .venv-vllm/bin/verl-tlt)",
-    )
-    _add_measurement(vllm, SD_BATCH_SIZES)
-    vllm.add_argument("--ks", nargs="+", type=int, default=[2, 4, 6, 8], help="chain depths K, one SD engine each")
-    vllm.add_argument(
-        "--threshold",
-        type=int,
-        default=8,
-        help="the gated engines speculate up to this many running requests; measured at the batch sizes above it",
-    )
-    vllm.add_argument(
-        "--long-tail-prompts",
-        type=int,
-        default=64,
-        help="prompts of the long-tail rollout on which the adaptive K policy meets the best fixed K",
-    )
 
 
 def _add_measurement(parser: argparse.ArgumentParser, batch_sizes: tuple[int, ...]) -> None:
