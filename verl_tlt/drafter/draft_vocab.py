@@ -24,7 +24,7 @@ class DraftVocab:
     the map may grow to (`tlt.drafter.draft_vocab_size`)."""
 
     def __init__(self, ids: torch.Tensor, vocab_size: int, capacity: int):
-        ids = torch.as_tensor(ids, dtype=torch.long).flatten().cpu()
+        ids = torch.as_tensor(ids, dtype=torch.long, device="cpu").flatten()
         if ids.numel() == 0:
             raise ValueError("a draft vocabulary needs at least one token")
         if capacity < ids.numel():
@@ -36,8 +36,9 @@ class DraftVocab:
         if torch.unique(ids).numel() != ids.numel():
             raise ValueError("draft vocabulary ids must be distinct")
         self.ids, self.vocab_size, self.capacity = ids, vocab_size, capacity
-        self.target_to_draft = torch.full((vocab_size,), -1, dtype=torch.long)  # [V]: slot of each token, -1 = none
-        self.target_to_draft[ids] = torch.arange(ids.numel())
+        # [V]: the slot of each token, -1 = none; on the host whatever the default device.
+        self.target_to_draft = torch.full((vocab_size,), -1, dtype=torch.long, device="cpu")
+        self.target_to_draft[ids] = torch.arange(ids.numel(), device="cpu")
 
     def __len__(self) -> int:
         return self.ids.numel()

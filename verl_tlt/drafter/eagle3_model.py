@@ -304,8 +304,9 @@ class Eagle3DrafterModel(nn.Module):
 
 def _completed(chosen: DraftVocab | None, vocab_size: int, capacity: int) -> DraftVocab:
     """The draft slots: the chosen map's tokens, then the lowest ids not in it, `capacity` in all."""
-    ids = chosen.ids if chosen is not None else torch.zeros(0, dtype=torch.long)
-    taken = torch.zeros(vocab_size, dtype=torch.bool)
+    # On the host whatever the default device (a drafter built under torch.device("meta") to count its bytes).
+    ids = chosen.ids if chosen is not None else torch.zeros(0, dtype=torch.long, device="cpu")
+    taken = torch.zeros(vocab_size, dtype=torch.bool, device="cpu")
     taken[ids] = True
     filler = torch.nonzero(~taken).flatten()[: capacity - ids.numel()]
     return DraftVocab(torch.cat([ids, filler]), vocab_size, capacity)

@@ -22,6 +22,14 @@ def test_the_exchange_holds_the_policy_head_in_its_dtype_and_three_fp32_drafters
     assert tied > 1000 * 64 * 2 + 3 * 4 * (2 * 64 * 64)  # ... plus three drafters, fc (2h x h) at least
 
 
+def test_an_eagle3_exchange_counts_its_own_head_and_wider_fc():
+    eagle = exchange_bytes(_config(1000, 64, True))
+    eagle3 = exchange_bytes(_config(1000, 64, True), "eagle3", draft_vocab_size=500)
+    # Three fp32 exports, each with 500 head rows and an fc over three layers instead of two, and 2H-wide q/k/v.
+    assert eagle3 - eagle >= 3 * 4 * (500 * 64 + 64 * 64)
+    assert exchange_bytes(_config(1000, 64, True), "eagle3", draft_vocab_size=5000) > eagle3  # capped at the vocab
+
+
 def test_shm_is_used_only_when_writable_and_roomy(tmp_path):
     shm, fallback = tmp_path / "shm", tmp_path / "tmp"
     shm.mkdir()
