@@ -156,7 +156,10 @@ class DrafterConfig:
     )
     buffer_tokens: int = field(
         default=262144,
-        metadata={"help": "Capacity of the drafter's data buffer in tokens; the oldest samples are dropped first."},
+        metadata={
+            "help": "Capacity of the drafter's data buffer in tokens; the oldest samples are dropped first. A budget "
+            "of memory: an EAGLE-3 sample keeps three layers per token, so it holds a third of these tokens."
+        },
     )
     capture_tokens: int = field(
         default=16384,
@@ -164,7 +167,8 @@ class DrafterConfig:
             "help": "Tokens of finished responses per RL step whose hidden states are captured for the drafter, "
             "split evenly over the actor's data-parallel ranks (each captures from the rows it computes; at DP 8 "
             "the default gives each rank 2048). Spent on windows of capture_window_tokens drawn with "
-            "capture_tail_weight."
+            "capture_tail_weight. A budget of memory: EAGLE-3 captures the final state and three layers per token, so "
+            "it takes a quarter of these tokens."
         },
     )
     capture_window_tokens: int = field(
