@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from verl_tlt.drafter.draft_vocab import DraftVocab
+from verl_tlt.drafter.model import attached_target, checked_target
 from verl_tlt.modeling.cpu_linear import CpuLayoutLinear
 from verl_tlt.modeling.model import MLP, Attention, AttentionBatch, CausalLM, ModelSpec, RMSNorm
 
@@ -161,20 +162,14 @@ class Eagle3DrafterModel(nn.Module):
         return drafter
 
     def attach(self, target: CausalLM) -> None:
-        """Share the target's embedding (and, until a draft vocabulary is set, its head): frozen."""
-        if target.spec.hidden_size != self.spec.hidden_size or target.spec.vocab_size != self.spec.vocab_size:
-            raise ValueError(
-                f"EAGLE-3 drafter (hidden {self.spec.hidden_size}, vocab {self.spec.vocab_size}) does not fit the "
-                f"target (hidden {target.spec.hidden_size}, vocab {target.spec.vocab_size})"
-            )
+        """Share the target's embedding (frozen); its layers must include the ones this drafter reads."""
+        checked_target(self, target, "EAGLE-3 drafter")
         check_aux_layers(self.aux_layers, target.source_num_layers)
         self._target = (target,)
 
     @property
     def target(self) -> CausalLM:
-        if not self._target:
-            raise RuntimeError("Eagle3DrafterModel has no target attached; call attach(target) first")
-        return self._target[0]
+        return attached_target(self)
 
     def input_features(self, captured: torch.Tensor) -> torch.Tensor:
         """The part of a captured target vector the drafter reads: the target emits [final | aux layers] when its

@@ -186,14 +186,19 @@ def read_export_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 def _copy_tensors(drafter: EagleDrafterModel, tensors: dict[str, torch.Tensor], target: CausalLM, path: Path) -> None:
     """Copy checkpoint tensors into the drafter after checking the name sets and every shape."""
-    views = hf_views(drafter)
     shared = check_shared_tensors(tensors, target, path)
-    names = set(tensors) - shared
-    unknown, missing = sorted(names - set(views)), sorted(set(views) - names)
+    hint = "(q_norm/k_norm belong to the qwen3 layout; fc.bias is not supported.)"
+    copy_checked(hf_views(drafter), {k: v for k, v in tensors.items() if k not in shared}, path, "EAGLE-1", hint)
+
+
+def copy_checked(views: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor], path: Path, what: str, hint: str):
+    """Copy `tensors` into `views` (export name -> the parameter's view) once the names match exactly and every
+    shape fits: ValueError naming the file, the tensors and `hint` otherwise (nothing is copied then)."""
+    unknown, missing = sorted(set(tensors) - set(views)), sorted(set(views) - set(tensors))
     if unknown:
         raise ValueError(
-            f"{path / WEIGHTS_FILE} has tensor(s) an EAGLE-1 drafter of this config does not have: {unknown[:5]}. "
-            f"Expected exactly {sorted(views)}. (q_norm/k_norm belong to the qwen3 layout; fc.bias is not supported.)"
+            f"{path / WEIGHTS_FILE} has tensor(s) an {what} drafter of this config does not have: {unknown[:5]}. "
+            f"Expected exactly {sorted(views)}. {hint}"
         )
     if missing:
         raise ValueError(f"{path / WEIGHTS_FILE} is missing tensor(s) {missing[:5]}; re-export the drafter")

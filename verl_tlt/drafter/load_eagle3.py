@@ -17,7 +17,13 @@ import torch
 from verl_tlt.drafter.eagle3_model import Eagle3DrafterModel, check_aux_layers
 from verl_tlt.drafter.export import CONFIG_FILE, WEIGHTS_FILE
 from verl_tlt.drafter.export_eagle3 import eagle3_views
-from verl_tlt.drafter.load import check_shared_tensors, drafter_layer_spec, read_export_config, read_export_tensors
+from verl_tlt.drafter.load import (
+    check_shared_tensors,
+    copy_checked,
+    drafter_layer_spec,
+    read_export_config,
+    read_export_tensors,
+)
 from verl_tlt.modeling.model import CausalLM
 
 # Tensors other EAGLE-3 trainers write that this drafter does not use (checked where they can disagree).
@@ -129,25 +135,8 @@ def _head_and_map(config: dict, tensors: dict, vocab_size: int, path: Path) -> t
 
 
 def _copy_layer(drafter: Eagle3DrafterModel, tensors: dict, target: CausalLM, path: Path) -> None:
-    views = eagle3_views(drafter)
     own = {"lm_head.weight", "d2t"} | _IGNORED  # the head is EAGLE-3's own, never the target's shared one
-    shared = check_shared_tensors({k: v for k, v in tensors.items() if k not in own}, target, path)
-    names = set(tensors) - shared - own
-    unknown, missing = sorted(names - set(views)), sorted(set(views) - names)
-    if unknown:
-        raise ValueError(
-            f"{path / WEIGHTS_FILE} has tensor(s) this EAGLE-3 drafter does not have: {unknown[:5]}. Expected "
-            f"{sorted(views)} plus lm_head.weight and d2t (norm_before_fc / fc_norm variants are not supported)."
-        )
-    if missing:
-        raise ValueError(f"{path / WEIGHTS_FILE} is missing tensor(s) {missing[:5]}; re-export the drafter")
-    wrong = [
-        f"{name}: expected {tuple(view.shape)}, found {tuple(tensors[name].shape)}"
-        for name, view in views.items()
-        if tensors[name].shape != view.shape or not tensors[name].is_floating_point()
-    ]
-    if wrong:
-        raise ValueError(f"{path / WEIGHTS_FILE} has tensors of the wrong shape or dtype: {'; '.join(wrong[:5])}")
-    with torch.no_grad():
-        for name, view in views.items():
-            view.copy_(tensors[name].to(dtype=view.dtype, device=view.device))
+    layer = {k: v for k, v in tensors.items() if k not in own}
+    shared = check_shared_tensors(layer, target, path)
+    hint = "(plus lm_head.weight and d2t; norm_before_fc / fc_norm variants are not supported.)"
+    copy_checked(eagle3_views(drafter), {k: v for k, v in layer.items() if k not in shared}, path, "EAGLE-3", hint)

@@ -73,18 +73,11 @@ class EagleDrafterModel(nn.Module):
 
     def attach(self, target: CausalLM) -> None:
         """Share the target's embedding and LM head (frozen: the drafter never updates them)."""
-        if target.spec.hidden_size != self.spec.hidden_size or target.spec.vocab_size != self.spec.vocab_size:
-            raise ValueError(
-                f"Drafter (hidden {self.spec.hidden_size}, vocab {self.spec.vocab_size}) does not fit the target "
-                f"(hidden {target.spec.hidden_size}, vocab {target.spec.vocab_size})"
-            )
-        self._target = (target,)
+        self._target = (checked_target(self, target, "Drafter"),)
 
     @property
     def target(self) -> CausalLM:
-        if not self._target:
-            raise RuntimeError("EagleDrafterModel has no target attached; call attach(target) first")
-        return self._target[0]
+        return attached_target(self)
 
     @property
     def chosen_vocab(self) -> DraftVocab | None:
@@ -200,3 +193,20 @@ def _version(tensor: torch.Tensor) -> int:
         return tensor._version
     except RuntimeError:
         return -1
+
+
+def checked_target(drafter, target: CausalLM, what: str) -> CausalLM:
+    """`target`, once its hidden and vocabulary sizes are the drafter's (ValueError naming both otherwise)."""
+    if target.spec.hidden_size != drafter.spec.hidden_size or target.spec.vocab_size != drafter.spec.vocab_size:
+        raise ValueError(
+            f"{what} (hidden {drafter.spec.hidden_size}, vocab {drafter.spec.vocab_size}) does not fit the target "
+            f"(hidden {target.spec.hidden_size}, vocab {target.spec.vocab_size})"
+        )
+    return target
+
+
+def attached_target(drafter) -> CausalLM:
+    """The target a drafter shares modules with (held in a tuple, so it stays out of parameters and state_dict)."""
+    if not drafter._target:
+        raise RuntimeError(f"{type(drafter).__name__} has no target attached; call attach(target) first")
+    return drafter._target[0]

@@ -191,6 +191,9 @@ def test_armed_with_feature_layers_the_samples_carry_the_final_state_then_those_
     capture.arm(step=4, token_budget=BUDGET)  # armed without them again: the final state alone
     infer_batch(data)
     assert capture.pop()[0][0].hidden_states.shape[-1] == model.config.hidden_size
+    capture.arm(step=5, token_budget=BUDGET, feature_layers=(1, 7))  # a layer the model lacks: skipped, no crash
+    infer_batch(data)
+    assert capture.pop()[0] == []
 
 
 def test_one_sequence_per_micro_batch_captures_exactly_the_sequences_own_hidden_states(model):

@@ -36,35 +36,38 @@ from verl_tlt.drafter.teacher import TeacherLabels, labels_from_logits
 logger = logging.getLogger(__name__)
 
 
-def find_final_norm(module: torch.nn.Module) -> torch.nn.Module:
-    """The final norm of a transformers decoder-only model (its output is what the LM head reads)."""
+def _module_at(module: torch.nn.Module, paths: tuple[str, ...], kind: type) -> torch.nn.Module | None:
+    """The first of `paths` (dotted attribute paths) that leads to a `kind` inside `module` (or its FSDP wrapper)."""
     inner = getattr(module, "_fsdp_wrapped_module", module)
-    for path in ("model.norm", "model.language_model.norm", "transformer.ln_f", "model.decoder.final_layer_norm"):
+    for path in paths:
         node = inner
         for part in path.split("."):
             node = getattr(node, part, None)
             if node is None:
                 break
-        if isinstance(node, torch.nn.Module):
+        if isinstance(node, kind):
             return node
-    raise ValueError(
-        f"Cannot find the final norm of {type(inner).__name__} (looked for model.norm and similar): hidden-state "
-        "capture for the drafter supports transformers decoder-only models such as Qwen2/Qwen3/Llama."
-    )
+    return None
+
+
+def find_final_norm(module: torch.nn.Module) -> torch.nn.Module:
+    """The final norm of a transformers decoder-only model (its output is what the LM head reads)."""
+    paths = ("model.norm", "model.language_model.norm", "transformer.ln_f", "model.decoder.final_layer_norm")
+    norm = _module_at(module, paths, torch.nn.Module)
+    if norm is None:
+        inner = getattr(module, "_fsdp_wrapped_module", module)
+        raise ValueError(
+            f"Cannot find the final norm of {type(inner).__name__} (looked for model.norm and similar): hidden-state "
+            "capture for the drafter supports transformers decoder-only models such as Qwen2/Qwen3/Llama."
+        )
+    return norm
 
 
 def find_decoder_layers(module: torch.nn.Module) -> list[torch.nn.Module]:
     """The decoder layers of a transformers decoder-only model, in order (empty if not found: no EAGLE-3 capture)."""
-    inner = getattr(module, "_fsdp_wrapped_module", module)
-    for path in ("model.layers", "model.language_model.layers", "transformer.h", "model.decoder.layers"):
-        node = inner
-        for part in path.split("."):
-            node = getattr(node, part, None)
-            if node is None:
-                break
-        if isinstance(node, torch.nn.ModuleList):
-            return list(node)
-    return []
+    paths = ("model.layers", "model.language_model.layers", "transformer.h", "model.decoder.layers")
+    layers = _module_at(module, paths, torch.nn.ModuleList)
+    return list(layers) if layers is not None else []
 
 
 def find_lm_head(module: torch.nn.Module) -> torch.nn.Module | None:
@@ -206,8 +209,9 @@ class HiddenStateCapture:
 
         handles = [self.norm.register_forward_hook(hidden_hook)]
         for layer_id in self._feature_layers:
-            hook = layer_input_hook(layer_id)
-            handles.append(self.layers[layer_id].register_forward_pre_hook(hook, with_kwargs=True))
+            if layer_id < len(self.layers):  # a layer not found is a missing part: nothing captured, never a crash
+                hook = layer_input_hook(layer_id)
+                handles.append(self.layers[layer_id].register_forward_pre_hook(hook, with_kwargs=True))
         if self._teacher_top_k > 0 and self.head is not None and self.sp_group is None:
             handles.append(self.head.register_forward_hook(logits_hook))
         try:
