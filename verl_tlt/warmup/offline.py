@@ -25,7 +25,7 @@ import torch
 
 from verl_tlt.config import DrafterConfig
 from verl_tlt.drafter.data import DrafterDataBuffer, DrafterSample
-from verl_tlt.drafter.eagle3_model import default_aux_layers
+from verl_tlt.drafter.family import feature_layers_for
 from verl_tlt.drafter.trainer import DrafterTrainer
 from verl_tlt.engine import RolloutEngine
 from verl_tlt.files import build_once
@@ -138,7 +138,8 @@ def warmup_drafter(
     # compute (and keep) vocab x hidden gradients for both.
     engine.model.requires_grad_(False)
     # An EAGLE-3 drafter reads more of the target than its final state: collect those layers with it.
-    engine.model.feature_layers = _feature_layers(config, init_from, engine.model)
+    layers = feature_layers_for(config.family, init_from or "target", engine.model.source_num_layers)
+    engine.model.feature_layers = layers
     samples, from_cache = cached_samples(
         engine,
         target_path,
@@ -184,19 +185,6 @@ def warmup_drafter(
         stopped_by=stopped_by,
         teacher_loss_gap=gap,
     )
-
-
-def _feature_layers(config: DrafterConfig, init_from: str | None, target) -> tuple[int, ...]:
-    """The target layers the drafter reads besides the final one: none for EAGLE-1, EAGLE-3's (the starting
-    export's, or the defaults for this target)."""
-    if config.family != "eagle3":
-        return ()
-    if init_from:
-        from verl_tlt.drafter.family import drafter_from_init
-
-        start = drafter_from_init(init_from, target, config.family, draft_vocab_size=config.draft_vocab_size)
-        return start.aux_layers
-    return default_aux_layers(target.source_num_layers)
 
 
 def _trainer(target, samples: list[DrafterSample], init_from: str | None, config: DrafterConfig, seed: int):
