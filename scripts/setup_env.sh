@@ -15,6 +15,8 @@ fi
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   echo "[setup] installing torch (CPU), verl 0.9.1 and verl-tlt into $VENV (about 2 minutes the first time)"
   source "$ROOT/scripts/pip_progress.sh"
+  require_free_space "$VENV" 3 "the main environment (VERL_TLT_VENV)"
+  require_free_space "${TMPDIR:-/tmp}" 1 "pip's unpacking (TMPDIR)"
   pip_install "$VENV" --upgrade pip
   # torch first, alone, so the CPU wheel is what verl and transformers later see as satisfied.
   pip_install "$VENV" -c "$ROOT/constraints-cpu.txt" torch

