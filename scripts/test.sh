@@ -23,6 +23,16 @@ if [ "$QUICK" = "1" ]; then
     -m "not gpu and not vllm and not e2e and not slow" "$@"
   exit $?
 fi
+# The vLLM environment (about 3 minutes of pip, mostly unpacking, the first time) is set up in the background while
+# the main tier runs, and waited for before the vLLM tier; its log is shown then.
+vllm_setup_pid=""
+if [ "${VERL_TLT_SKIP_VLLM:-0}" != "1" ]; then
+  vllm_setup_log="$(mktemp)"
+  echo "[test] setting up the vLLM environment in the background (log: $vllm_setup_log)"
+  bash "$ROOT/scripts/setup_vllm_env.sh" >"$vllm_setup_log" 2>&1 &
+  vllm_setup_pid=$!
+  trap 'kill "$vllm_setup_pid" 2>/dev/null' EXIT  # an interrupted run leaves no pip behind
+fi
 # --durations: the slowest tests of each full run in every CI log, so the 35-minute budget can be kept by measurement.
 timeout --kill-after=30 "${VERL_TLT_TEST_TIMEOUT:-2700}" "$VERL_TLT_PYTHON" -m pytest -m "not gpu and not vllm" \
   --durations=25 "$@"
@@ -31,7 +41,12 @@ if [ "${VERL_TLT_SKIP_VLLM:-0}" = "1" ]; then
   echo "[test] vLLM tier skipped (VERL_TLT_SKIP_VLLM=1)"
   exit "$main"
 fi
-source "$ROOT/scripts/setup_vllm_env.sh" || exit 1
+wait "$vllm_setup_pid"
+setup=$?
+cat "$vllm_setup_log"
+rm -f "$vllm_setup_log"
+[ "$setup" -eq 0 ] || { echo "[test] setting up the vLLM environment failed (above); main tier rc=$main" >&2; exit 1; }
+source "$ROOT/scripts/setup_vllm_env.sh" || exit 1  # installed now: this only exports its interpreter
 set +e
 timeout --kill-after=30 "${VERL_TLT_VLLM_TEST_TIMEOUT:-1800}" "$VERL_TLT_VLLM_PYTHON" -m pytest -m "vllm" --durations=15 "$@"
 tier=$?

@@ -13,21 +13,22 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from tests.vllm_toy_drafter import vllm_tier_drafter  # noqa: E402
+
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]  # the toy builds (cached after the first run) + the bench
 
 
 @pytest.fixture
-def cached_toy_models():
-    """Build (or find) the toy target and drafter the bench loads before its timed run, so the timeout bounds the
-    bench alone and not, on an empty cache, the minutes of toy training in front of it."""
-    from verl_tlt.toy.drafter import ensure_toy_drafter
+def toy_drafter():
+    """Build (or find) the toy target and the vLLM tier's drafter before the bench's timed run, so the timeout bounds
+    the bench alone and not, on an empty cache, the minutes of toy training in front of it."""
     from verl_tlt.toy.sft import ensure_toy_target
 
     ensure_toy_target()
-    ensure_toy_drafter()
+    return vllm_tier_drafter()
 
 
-def test_the_vllm_sd_bench_reports_every_ratio_with_greedy_identity(tmp_path, cached_toy_models):
+def test_the_vllm_sd_bench_reports_every_ratio_with_greedy_identity(tmp_path, toy_drafter):
     out = tmp_path / "sd.json"
     command = [
         sys.executable,
@@ -49,6 +50,8 @@ def test_the_vllm_sd_bench_reports_every_ratio_with_greedy_identity(tmp_path, ca
         "48",
         "--long-tail-prompts",
         "8",
+        "--drafter",
+        str(toy_drafter),
         "--json",
         str(out),
     ]

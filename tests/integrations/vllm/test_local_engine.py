@@ -13,10 +13,11 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from tests.vllm_toy_drafter import vllm_tier_drafter  # noqa: E402
 from verl_tlt.config import SpeculativeConfig  # noqa: E402
 from verl_tlt.metrics.decode_metrics import overall_acceptance as acceptance  # noqa: E402
 from verl_tlt.metrics.rollout_metrics import rollout_metrics  # noqa: E402
-from verl_tlt.toy.drafter import ensure_toy_drafter, toy_prompts  # noqa: E402
+from verl_tlt.toy.drafter import toy_prompts  # noqa: E402
 from verl_tlt.toy.sft import ensure_toy_target  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
@@ -44,7 +45,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def warm_drafter():
-    return str(ensure_toy_drafter())
+    return str(vllm_tier_drafter())
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +133,7 @@ def test_acceptance_follows_an_in_place_drafter_load_within_the_next_request(
 
 def test_the_drafter_comes_back_after_a_wake_up_with_weights(engines, prompts):
     sd, _ = engines
-    sd.load_drafter(ensure_toy_drafter(), 3)  # what a level-2 sleep would have to restore
+    sd.load_drafter(vllm_tier_drafter(), 3)  # what a level-2 sleep would have to restore
 
     def damage(worker):
         model = worker._tlt_draft_model()
@@ -157,7 +158,7 @@ def test_the_self_test_refuses_a_random_drafter_and_passes_the_warm_one(engines,
     sd, _ = engines
     test = DrafterSelfTest(tokens=32, min_ratio=0.5, max_model_len=1024)
     test.remember(prompts[0])
-    sd.load_drafter(ensure_toy_drafter(), 21)
+    sd.load_drafter(vllm_tier_drafter(), 21)
     sd.take_stats()
     sd.counter.take_totals()
     warm = sd.self_test(test)
@@ -166,7 +167,7 @@ def test_the_self_test_refuses_a_random_drafter_and_passes_the_warm_one(engines,
     refused = sd.self_test(test)
     assert not refused.passed and refused.score.rate < 0.5 * warm.score.rate, refused
     assert "last passing drafter" in refused.reason
-    sd.load_drafter(ensure_toy_drafter(), 23)
+    sd.load_drafter(vllm_tier_drafter(), 23)
     assert sd.self_test(test).passed
     assert sd.counter.take_totals()["num_draft_tokens"] == 0 and sd.take_stats()["steps_sd"] == 0
 
