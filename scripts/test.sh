@@ -31,7 +31,9 @@ if [ "${VERL_TLT_SKIP_VLLM:-0}" != "1" ]; then
   echo "[test] setting up the vLLM environment in the background (log: $vllm_setup_log)"
   bash "$ROOT/scripts/setup_vllm_env.sh" >"$vllm_setup_log" 2>&1 &
   vllm_setup_pid=$!
-  trap 'kill "$vllm_setup_pid" 2>/dev/null' EXIT  # an interrupted run leaves no pip behind
+  # An interrupted run leaves no pip behind: pip is the set-up script's child, so it goes first (killing the
+  # script alone orphans it).
+  trap 'pkill -P "$vllm_setup_pid" 2>/dev/null; kill "$vllm_setup_pid" 2>/dev/null' EXIT
 fi
 # --durations: the slowest tests of each full run in every CI log, so the 35-minute budget can be kept by measurement.
 timeout --kill-after=30 "${VERL_TLT_TEST_TIMEOUT:-2700}" "$VERL_TLT_PYTHON" -m pytest -m "not gpu and not vllm" \
@@ -43,6 +45,7 @@ if [ "${VERL_TLT_SKIP_VLLM:-0}" = "1" ]; then
 fi
 wait "$vllm_setup_pid"
 setup=$?
+trap - EXIT  # the set-up has ended: its pid is no longer ours to signal
 cat "$vllm_setup_log"
 rm -f "$vllm_setup_log"
 [ "$setup" -eq 0 ] || { echo "[test] setting up the vLLM environment failed (above); main tier rc=$main" >&2; exit 1; }
