@@ -220,8 +220,8 @@ def test_update_target_weights_changes_the_drafters_logits_and_inputs(fed, sampl
 def test_save_and_load_restore_weights_optimizer_and_version(fed, tmp_path):
     owner, restored = fed(), fed()
     burst(owner, 3)
-    owner.save(str(tmp_path / "ckpt"))
-    owner.wait_for_save()
+    assert owner.save(str(tmp_path / "ckpt")) == {"version": 1, "total_steps": 3}  # what the checkpoint holds
+    assert owner.wait_for_save()
     saved = load_state(tmp_path / "ckpt", kind=CHECKPOINT_KIND)
     assert "samples" not in saved["buffer"] and saved["buffer"]["times_used"]
 
@@ -236,6 +236,28 @@ def test_save_and_load_restore_weights_optimizer_and_version(fed, tmp_path):
     burst(restored, 2)
     assert_same_tensors(model_state(owner), model_state(restored))
     assert restored.weights()[0] == owner.weights()[0] == 2
+
+
+def test_a_save_while_a_burst_runs_is_refused(fed, tmp_path):
+    worker = fed()
+    assert worker.spot.start()
+    try:
+        with pytest.raises(RuntimeError, match="save while spot training runs"):
+            worker.save(str(tmp_path / "ckpt"))
+    finally:
+        worker.stop()
+
+
+def test_the_hold_score_fault_holds_that_steps_score_until_its_path_exists(fed, samples, tmp_path, monkeypatch):
+    """The checkpoint e2e test's stand-in for a slow host: step 2's score waits for a file, other steps' do not."""
+    release = tmp_path / "verl_saved"
+    worker = fed(fault=f"hold_score=2:{release}")
+    waits = []
+    monkeypatch.setattr(worker_module.time, "sleep", lambda s: (waits.append(s), release.touch()))
+    worker.evaluate([DrafterSample(s.token_ids, s.hidden_states, s.response_mask, step=1) for s in samples[:1]])
+    assert waits == []
+    worker.evaluate([DrafterSample(s.token_ids, s.hidden_states, s.response_mask, step=2) for s in samples[:1]])
+    assert len(waits) == 1 and release.exists()
 
 
 def test_load_of_a_missing_checkpoint_raises(fed, tmp_path):

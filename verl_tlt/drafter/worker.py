@@ -31,8 +31,12 @@ logger = logging.getLogger(__name__)
 
 # Test-only fault injection, comma-separated: "exit_on_start=N" makes the N-th start() of every worker end its process,
 # as the kernel's out-of-memory kill would (the drafter-crash test); "oom_on_start=N" makes that burst's first step
-# raise the device's out-of-memory error, which ends the burst inside a live worker.
+# raise the device's out-of-memory error, which ends the burst inside a live worker; "hold_score=N:PATH" keeps the
+# score of RL step N's captures running until PATH exists (at most HOLD_LIMIT_S), as a slow host would: the
+# checkpoint test holds it until verl's own checkpoint of step N is written, so the drafter's save, queued before
+# that, certainly finds its worker scoring.
 FAULT_ENV = "VERL_TLT_DRAFTER_FAULT"
+HOLD_LIMIT_S = 600.0
 
 
 def _target_model(target_path: str, dtype: torch.dtype):
@@ -95,6 +99,7 @@ class DrafterWorker:
         """
         if self.spot.is_running:
             raise RuntimeError("DrafterWorker.evaluate while spot training runs; stop() first")
+        self._maybe_hold_score(samples)
         if self.config.eval_max_pairs == 0:
             return {}
         begin = time.monotonic()
@@ -161,9 +166,13 @@ class DrafterWorker:
 
     # ----- checkpoints -----------------------------------------------------------------------------------------
 
-    def save(self, directory: str) -> None:
-        """Start an asynchronous, atomic checkpoint of the training state (buffer samples excluded)."""
+    def save(self, directory: str) -> dict[str, int]:
+        """Start an asynchronous, atomic checkpoint of the training state (buffer samples excluded); the version and
+        optimizer steps of the state it holds (copied now, written in the background)."""
+        if self.spot.is_running:
+            raise RuntimeError("DrafterWorker.save while spot training runs; stop() first")
         self.spot.trainer.save_checkpoint(Path(directory), include_samples=False)
+        return {"version": self.spot.version, "total_steps": self.spot.total_steps}
 
     def wait_for_save(self) -> bool:
         """Finish the checkpoint `save` started; False if it failed (logged; the previous checkpoint is kept)."""
@@ -190,8 +199,23 @@ class DrafterWorker:
     def ping(self) -> int:
         return self.rank
 
+    def _faults(self) -> dict[str, str]:
+        return dict(part.split("=", 1) for part in self._fault.split(",") if "=" in part)
+
+    def _maybe_hold_score(self, samples: list[DrafterSample]) -> None:
+        hold = self._faults().get("hold_score")
+        if not hold:
+            return
+        step, path = hold.split(":", 1)
+        if not any(sample.step == int(step) for sample in samples):
+            return
+        logger.warning("drafter worker %d: injected fault: step %s's score waits for %s", self.rank, step, path)
+        deadline = time.monotonic() + HOLD_LIMIT_S
+        while not Path(path).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
     def _maybe_crash(self) -> None:
-        faults = dict(part.split("=", 1) for part in self._fault.split(",") if "=" in part)
+        faults = self._faults()
         if int(faults.get("exit_on_start", 0)) == self._starts:
             logger.error("drafter worker %d: injected fault %r, exiting", self.rank, self._fault)
             os._exit(1)

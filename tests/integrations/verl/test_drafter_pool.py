@@ -28,6 +28,9 @@ class FakeWorker:
         self.calls.append("evaluate")
         if "slow" in samples:  # a score that outlasts the pool's call timeout
             time.sleep(3)
+        for gate in samples:
+            if isinstance(gate, ray.actor.ActorHandle):  # a score held until the test opens the gate
+                ray.get(gate.wait.remote())
         # Scored before this worker holds the samples: the order of queued calls is kept.
         return {"held_before": float(len(self.samples)), "version": float(self.version)}
 
@@ -63,6 +66,7 @@ class FakeWorker:
     def save(self, directory):
         self.calls.append("save")
         self.saving = directory
+        return {"version": self.version, "total_steps": 10 * self.version}
 
     def wait_for_save(self):
         return "unwritable" not in self.saving  # as DrafterWorker: False when the checkpoint failed
@@ -75,6 +79,22 @@ class FakeWorker:
 
     def get_calls(self):
         return list(self.calls)
+
+
+@ray.remote(num_cpus=0)
+class Gate:
+    """Holds a stand-in worker's score until the test opens it: a score certainly in flight, on any host."""
+
+    def __init__(self):
+        import asyncio
+
+        self.opened = asyncio.Event()
+
+    async def wait(self):
+        await self.opened.wait()
+
+    async def open(self):
+        self.opened.set()
 
 
 def kill_and_wait(actor) -> None:
@@ -167,9 +187,74 @@ def test_losing_every_worker_leaves_the_pool_unavailable_not_raising(workers):
 
 def test_a_failed_checkpoint_is_reported_and_costs_no_worker(workers):
     pool = DrafterPool(workers)
-    assert pool.save("/ckpt/unwritable") and pool.wait_for_save() is False
-    assert pool.save("/ckpt/step_2") and pool.wait_for_save() is True
+    pool.save("/ckpt/unwritable")
+    result = pool.wait_for_save()
+    assert not result.saved and "could not write" in result.reason
+    pool.save("/ckpt/step_2")
+    assert pool.wait_for_save().saved
     assert pool.alive == [True, True, True] and pool.failures == 0
+
+
+def test_a_checkpoint_taken_while_the_owner_scores_waits_for_it_and_carries_the_drafter(workers):
+    """The slow host's race, forced: verl saves while the owner still scores the step's captures."""
+    gate = Gate.remote()
+    pool = DrafterPool(workers)
+    pool.score_and_add([gate, 1])
+    pool.save("/ckpt/step_2")
+    assert pool.busy(0)  # the score is held open: the save is queued behind it
+    ray.get(gate.open.remote())
+    result = pool.wait_for_save()
+    assert result.saved and result.rank == 0 and result.info == {"version": 0, "total_steps": 0}
+    assert ray.get(workers[0].get_calls.remote()) == ["evaluate", "add", "save"]  # scored, stored, then saved
+    assert pool.settle() == {"held_before": 0.0, "version": 0.0} and all(pool.alive) and pool.failures == 0
+
+
+def test_a_checkpoint_whose_owner_stays_busy_past_the_limit_fails_loudly_and_keeps_the_worker(workers):
+    gate = Gate.remote()
+    pool = DrafterPool(workers, call_timeout_s=0.5)
+    pool.score_and_add([gate])
+    pool.save("/ckpt/step_2")
+    result = pool.wait_for_save(timeout_s=0.5)
+    assert not result.saved and "drafter worker 0 was still scoring the drafter" in result.reason
+    assert all(pool.alive) and pool.failures == 0 and pool.busy(0)  # busy is not dead; nothing queues behind it
+    assert pool.start([0]) is None
+    ray.get(gate.open.remote())
+    deadline = time.monotonic() + 30
+    while pool.busy(0):
+        assert time.monotonic() < deadline, "the held score never finished"
+        time.sleep(0.05)
+    pool.settle()
+    pool.save("/ckpt/step_3")
+    assert pool.wait_for_save().saved and all(pool.alive)
+
+
+def test_a_checkpoint_preempts_a_running_burst_and_its_report_still_reaches_the_coordinator(workers):
+    pool = DrafterPool(workers)
+    pool.score_and_add([1])
+    assert pool.start([1]) == 1
+    pool.save("/ckpt/step_2")
+    result = pool.wait_for_save()
+    assert result.saved and result.rank == 1 and result.info["version"] == 1  # the burst's weights, after its stop
+    assert ray.get(workers[1].get_calls.remote())[-2:] == ["stop", "save"]
+    assert pool.stop() == {"rank": 1, "version": 1, "burst_steps": 3}  # the coordinator's stop gets the report
+    assert pool.stop() is None
+
+
+def test_a_checkpoint_whose_owner_died_says_so_and_the_next_one_uses_a_live_worker(workers):
+    pool = DrafterPool(workers)
+    kill_and_wait(workers[0])
+    pool.save("/ckpt/step_2")
+    result = pool.wait_for_save()
+    assert not result.saved and "drafter worker 0 failed while saving" in result.reason
+    pool.save("/ckpt/step_4")
+    assert pool.wait_for_save().rank == 1
+    for worker in workers[1:]:
+        kill_and_wait(worker)
+    for step, rank in ((6, 1), (8, 2)):  # each save finds its owner dead, and the next live worker takes over
+        pool.save(f"/ckpt/step_{step}")
+        assert f"drafter worker {rank} failed while saving" in pool.wait_for_save().reason
+    pool.save("/ckpt/step_10")
+    assert "no drafter worker is alive" in pool.wait_for_save().reason and not pool.available
 
 
 def test_an_unreadable_checkpoint_keeps_every_worker_and_its_drafter(workers):

@@ -16,6 +16,7 @@ import shutil
 import pytest
 
 from verl_tlt.drafter.safe_state import STATE_FILE, TENSORS_FILE
+from verl_tlt.drafter.worker import FAULT_ENV
 from verl_tlt.integrations.verl.same_samples import SAME_SAMPLES_OVERRIDES
 from verl_tlt.quickstart.recipe import toy_grpo_overrides
 from verl_tlt.quickstart.verl_job import read_rollouts, run_verl_job
@@ -132,11 +133,23 @@ def greedy_runs(world, target, tmp_path_factory):
         f"+actor_rollout_ref.rollout.engine_kwargs.torch.trace_path={trace}",
         f"trainer.save_freq={RESUMED_FROM}",
     ]
+    # The score of step 2's captures runs until verl has written its own checkpoint of step 2, as on a slow host: the
+    # drafter's save, queued before verl's, finds its worker scoring on any host, and must still carry the drafter.
+    verl_saved = root / "on" / "checkpoints" / f"global_step_{RESUMED_FROM}" / "data.pt"
+    held = {FAULT_ENV: f"hold_score={RESUMED_FROM}:{verl_saved}"}
     runs = {
         name: run(
-            world, target, root / name, steps=GREEDY_STEPS, greedy=True, tlt=tlt, group_size=2, extra=validate + extra
+            world,
+            target,
+            root / name,
+            steps=GREEDY_STEPS,
+            greedy=True,
+            tlt=tlt,
+            group_size=2,
+            extra=validate + extra,
+            env=env,
         )
-        for name, tlt, extra in (("off", False, []), ("on", True, tlt_extra))
+        for name, tlt, extra, env in (("off", False, [], None), ("on", True, tlt_extra, held))
     }
     return root, runs, validate + tlt_extra
 
@@ -204,11 +217,17 @@ def test_greedy_rollouts_are_identical_with_tlt_on_and_off(greedy_runs):
 
 
 def test_resume_continues_the_drafter(world, target, greedy_runs, tmp_path):
+    """The checkpoint was saved while its drafter worker was still scoring (held until verl's save: greedy_runs) and
+    carries the drafter anyway; the resumed run continues from it."""
     root, runs, extra = greedy_runs
     saved = tlt_metrics(runs["on"].metrics[RESUMED_FROM - 1])
     step_dir = root / "on" / "checkpoints" / f"global_step_{RESUMED_FROM}"
     drafter_dir = step_dir / "tlt_drafter"
+    log = runs["on"].log_path.read_text(errors="replace")
+    assert "is still scoring the drafter; the checkpoint is queued behind it" in log  # held: the save found it busy
     assert (drafter_dir / "meta.json").is_file() and (drafter_dir / "trainer" / STATE_FILE).is_file()
+    meta = json.loads((drafter_dir / "meta.json").read_text())
+    assert meta["step"] == RESUMED_FROM and "tlt/drafter/checkpoint_failures" not in saved
     # A fresh output folder holding only that checkpoint: verl resumes from it (resume_mode auto) and runs the last
     # step with the same settings.
     checkpoints = tmp_path / "checkpoints"
@@ -227,7 +246,7 @@ def test_resume_continues_the_drafter(world, target, greedy_runs, tmp_path):
     )
     assert [m["step"] for m in second.metrics] == [GREEDY_STEPS]
     log = second.log_path.read_text(errors="replace")
-    assert f"drafter version {int(saved['tlt/drafter/version'])} restored" in log
+    assert f"resuming at step {RESUMED_FROM} with drafter version {meta['version']} " in log
     resumed = tlt_metrics(second.metrics[0])
     assert resumed["tlt/drafter/version"] >= saved["tlt/drafter/version"]
     assert resumed["tlt/drafter/total_steps"] >= saved["tlt/drafter/total_steps"]

@@ -13,6 +13,7 @@ pytest.importorskip("ray")
 from verl_tlt.config import TLTConfig  # noqa: E402
 from verl_tlt.integrations.control.contract import CONTROL_CALLS  # noqa: E402
 from verl_tlt.integrations.verl import tlt_runtime  # noqa: E402
+from verl_tlt.integrations.verl.drafter_pool import SaveResult  # noqa: E402
 from verl_tlt.integrations.verl.tlt_runtime import TLTRuntime  # noqa: E402
 
 
@@ -84,10 +85,11 @@ class FakePool:
 
     def save(self, directory):
         self.saves.append(directory)
-        return True
 
     def wait_for_save(self):
-        return self.saved
+        if not self.saved:
+            return SaveResult(False, "drafter worker 0 was still scoring the drafter after 600 s", 0)
+        return SaveResult(True, "", 0, {"version": self.version, "total_steps": 10}, 2.5)
 
 
 @pytest.fixture()
@@ -109,16 +111,28 @@ def test_a_replica_that_cannot_load_the_drafter_does_not_fail_the_step(runtime, 
     assert runtime.push_drafter() is True and runtime.pushed_version == 3 and bad.loaded == [3]
 
 
-def test_the_drafter_meta_file_is_written_only_after_a_successful_save(runtime, tmp_path):
-    runtime.save(str(tmp_path / "global_step_1"))
+def test_the_drafter_meta_file_is_written_only_after_a_successful_save(runtime, tmp_path, caplog):
+    runtime.save(str(tmp_path / "global_step_1"), 1)
     meta = tmp_path / "global_step_1" / tlt_runtime.CHECKPOINT_DIR / tlt_runtime.META_FILE
     assert not meta.exists()  # the drafter checkpoint is still being written
     runtime.wait_for_save()
-    assert json.loads(meta.read_text()) == {"version": 3, "total_steps": 10}
+    assert json.loads(meta.read_text()) == {"version": 3, "total_steps": 10, "step": 1}
+    assert runtime.pop_metrics() == {"tlt/drafter/checkpoint_wait_s": 2.5}
     runtime.pool.saved = False
-    runtime.save(str(tmp_path / "global_step_2"))
+    runtime.save(str(tmp_path / "global_step_2"), 2)
     runtime.wait_for_save()
     assert not (tmp_path / "global_step_2" / tlt_runtime.CHECKPOINT_DIR / tlt_runtime.META_FILE).exists()
+    assert runtime.pop_metrics()["tlt/drafter/checkpoint_failures"] == 1.0
+    assert "not saved with verl's checkpoint of step 2" in caplog.text and "still scoring the drafter" in caplog.text
+
+
+def test_a_resume_says_which_steps_drafter_it_took(runtime, tmp_path, caplog):
+    runtime.save(str(tmp_path / "global_step_4"), 4)
+    runtime.wait_for_save()
+    runtime.pool.load = lambda directory, version, total_steps: True
+    with caplog.at_level("INFO", logger=tlt_runtime.logger.name):
+        runtime._restore(tmp_path / "global_step_4")
+    assert "resuming at step 4 with drafter version 3 (10 optimizer steps) restored from" in caplog.text
 
 
 def test_min_idle_replicas_that_can_never_be_reached_fail_at_start(monkeypatch):

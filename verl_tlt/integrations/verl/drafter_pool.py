@@ -16,6 +16,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -27,10 +28,43 @@ logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
 # How long a call to a drafter worker may take before the worker is given up (a stop waits for one optimizer
 # step; a hung worker must not hang the RL step).
 CALL_TIMEOUT_S = 120.0
+# How long a checkpoint waits for the owner to finish what was queued before it (a score is bounded by
+# tlt.drafter.eval_max_seconds) and to write the drafter; verl's own save of the actor runs meanwhile.
+SAVE_TIMEOUT_S = 600.0
+SAVE_PROGRESS_S = 10.0
+
+
+@dataclass(frozen=True)
+class PendingSave:
+    """A checkpoint queued on drafter worker `rank`: its save call, the call that waits for the write, and what the
+    worker was still doing when the save was queued (None: nothing)."""
+
+    rank: int
+    save_call: Any
+    done_call: Any
+    behind: str | None
+
+
+@dataclass(frozen=True)
+class SaveFailed:
+    reason: str
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    """What a checkpoint of the drafter came to: `info` is the saved state's {"version", "total_steps"}."""
+
+    saved: bool
+    reason: str = ""
+    rank: int | None = None
+    info: dict | None = None
+    waited_s: float = 0.0
 
 
 class DrafterPool:
-    def __init__(self, workers: list[Any], call_timeout_s: float = CALL_TIMEOUT_S):
+    def __init__(
+        self, workers: list[Any], call_timeout_s: float = CALL_TIMEOUT_S, save_timeout_s: float = SAVE_TIMEOUT_S
+    ):
         if not workers:
             raise ValueError("DrafterPool needs at least one drafter worker")
         self.workers = list(workers)
@@ -42,7 +76,9 @@ class DrafterPool:
         self.last_error: str | None = None
         self.published: tuple[int, dict] | None = None  # (version, weights) last read from the owner
         self.handoff_seconds = 0.0
-        self._saving: int | None = None
+        self.save_timeout_s = save_timeout_s
+        self._saving: PendingSave | SaveFailed | None = None
+        self._stopped_for_save: dict | None = None  # the report of a burst that a checkpoint preempted
         self._pending: list[tuple[int, Any]] = []  # (rank, call) queued by score_and_add
         self._scoring: tuple[int, Any] | None = None
         self._late = False  # the pending score missed its step's settle
@@ -107,10 +143,12 @@ class DrafterPool:
             return scores
 
     def busy(self, rank: int) -> bool:
-        """Whether calls queued on `rank` by score_and_add are still running (a late score)."""
+        """Whether calls queued on `rank` are still running: a late score, what score_and_add queued, a checkpoint."""
         calls = [call for r, call in self._pending if r == rank]
         if self._scoring is not None and self._scoring[0] == rank:
             calls.append(self._scoring[1])
+        if isinstance(self._saving, PendingSave) and self._saving.rank == rank:
+            calls += [self._saving.save_call, self._saving.done_call]
         if not calls:
             return False
         ready, _ = ray.wait(calls, num_returns=len(calls), timeout=0)
@@ -152,8 +190,9 @@ class DrafterPool:
         """Preempt the running burst (within one optimizer step); the worker's status, or None."""
         with self._lock:
             rank, self.training_on = self.training_on, None
-            if rank is None:
-                return None
+            if rank is None:  # a checkpoint may have preempted the burst already: its report is the caller's
+                status, self._stopped_for_save = self._stopped_for_save, None
+                return status
             status = self._get(rank, self.workers[rank].stop.remote())
             if status is not None:
                 self.owner = rank
@@ -181,24 +220,73 @@ class DrafterPool:
 
     # ----- checkpoints -----------------------------------------------------------------------------------------
 
-    def save(self, directory: str) -> bool:
-        """Start the owner's asynchronous checkpoint into `directory`; wait_for_save() completes it."""
-        with self._lock:
-            if not self.alive[self.owner]:
-                return False
-            if self.busy(self.owner):
-                logger.warning("TLT drafter worker %d is still scoring; the drafter is not saved this time", self.owner)
-                return False
-            self._saving = self.owner
-            return self._get(self.owner, self.workers[self.owner].save.remote(directory), ok=True)
+    def save(self, directory: str) -> None:
+        """Queue the owner's checkpoint into `directory`, without waiting; `wait_for_save()` completes it.
 
-    def wait_for_save(self) -> bool:
-        """Finish the checkpoint `save` started; True only if it was written."""
+        However busy the owner is, the drafter goes with verl's checkpoint: a burst still running is preempted first
+        (within one optimizer step; its report waits for the coordinator's `stop`), and a score still running keeps
+        the save queued behind it (a worker runs its calls in order), which `wait_for_save` waits for.
+        """
         with self._lock:
-            rank, self._saving = self._saving, None
-            if rank is None or not self.alive[rank]:
+            if self.training_on is not None:
+                self._stopped_for_save = self.stop()
+            if not self.alive[self.owner]:
+                self._saving = SaveFailed("no drafter worker is alive (every one failed earlier in the run)")
+                return
+            rank, worker = self.owner, self.workers[self.owner]
+            behind = None
+            if self.busy(rank):
+                scoring = self._scoring is not None and self._scoring[0] == rank
+                behind = "scoring the drafter" if scoring else "its earlier calls"
+                logger.info("TLT: drafter worker %d is still %s; the checkpoint is queued behind it", rank, behind)
+            self._saving = PendingSave(rank, worker.save.remote(directory), worker.wait_for_save.remote(), behind)
+
+    def wait_for_save(self, timeout_s: float | None = None) -> SaveResult:
+        """Finish the checkpoint `save` queued: what was saved, or why nothing was.
+
+        Waits at most `timeout_s` (default: the pool's `save_timeout_s`) with a log line every ~10 s. A worker still
+        busy then is kept (busy is not dead): its calls stay queued and are collected later, and the save fails.
+        """
+        pending = self._saving
+        if not isinstance(pending, PendingSave):
+            self._saving = None
+            return SaveResult(False, pending.reason if pending else "no drafter checkpoint was started")
+        rank, limit = pending.rank, self.save_timeout_s if timeout_s is None else timeout_s
+        begin = time.monotonic()
+        finished = self._wait_logged(pending, limit)
+        with self._lock:
+            self._saving = None
+            waited = time.monotonic() - begin
+            if not finished:  # busy is not dead: the worker is kept, and a later settle collects these calls
+                self._pending += [(rank, pending.save_call), (rank, pending.done_call)]
+                doing = pending.behind or "writing the checkpoint"
+                return SaveResult(False, f"drafter worker {rank} was still {doing} after {waited:.0f} s", rank)
+            info = self._get(rank, pending.save_call)
+            written = info is not None and self._get(rank, pending.done_call)
+        if info is None:
+            return SaveResult(False, f"drafter worker {rank} failed while saving ({self.last_error})", rank)
+        if not written:
+            return SaveResult(False, f"drafter worker {rank} could not write the checkpoint (its log says why)", rank)
+        return SaveResult(True, "", rank, info, waited)
+
+    def _wait_logged(self, pending: PendingSave, limit: float) -> bool:
+        """Wait for a queued save to end (True) or `limit` to pass (False), saying what it waits for every ~10 s."""
+        begin = time.monotonic()
+        while True:
+            waited = time.monotonic() - begin
+            ready, _ = ray.wait([pending.done_call], timeout=max(0.0, min(SAVE_PROGRESS_S, limit - waited)))
+            if ready:
+                return True
+            waited = time.monotonic() - begin
+            if waited >= limit:
                 return False
-            return bool(self._get(rank, self.workers[rank].wait_for_save.remote()))
+            logger.info(
+                "TLT: the drafter checkpoint waits for drafter worker %d to finish %s (%.0f s so far, at most %.0f s)",
+                pending.rank,
+                pending.behind or "writing it",
+                waited,
+                limit,
+            )
 
     def load(self, directory: str, version: int, total_steps: int) -> bool:
         """Every worker resumes from the checkpoint; True if the owner did (training continues from the owner's

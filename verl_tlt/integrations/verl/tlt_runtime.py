@@ -66,7 +66,8 @@ class TLTRuntime:
         self.pool: DrafterPool | None = None
         self.coordinator: SpotCoordinator | None = None
         self.pushed_version: int | None = None
-        self._pending_save: tuple[Path, dict] | None = None  # (drafter folder, meta) of a checkpoint being written
+        self._pending_save: tuple[Path, int] | None = None  # (drafter folder, step) of a checkpoint being written
+        self._checkpoint_failures = 0
         self._spot_watched = False  # whether the coordinator watches the current rollout
         # The drafter workers build their target (embedding, LM head) from model.path; after a resume that is not
         # the policy, so the first capture pushes the replicas' weights before the drafters are scored.
@@ -397,31 +398,47 @@ class TLTRuntime:
     # ----- checkpoints -----------------------------------------------------------------------------------------
 
     def save_checkpoint(self, step: int) -> None:
-        """Start saving the drafter with verl's checkpoint of `step`; `wait_for_save` completes it."""
-        self.save(str(step_folder(self.config, step)))
+        """Queue the drafter's checkpoint with verl's checkpoint of `step`; `wait_for_save` completes it."""
+        self.save(str(step_folder(self.config, step)), step)
 
-    def save(self, step_dir: str) -> None:
-        """Start saving the drafter with verl's step folder; `wait_for_save` completes it."""
+    def save(self, step_dir: str, step: int) -> None:
+        """Queue the drafter's checkpoint into verl's step folder (it waits for a busy owner; see DrafterPool.save)."""
         folder = Path(step_dir) / CHECKPOINT_DIR
-        status = self.pool.status()
-        if status is None or not self.pool.save(str(folder / "trainer")):
-            logger.warning("TLT: no live drafter worker, the drafter is not saved with step folder %s", step_dir)
-            return
-        self._pending_save = (folder, {"version": status["version"], "total_steps": status["total_steps"]})
+        self._pending_save = (folder, step)
+        self.pool.save(str(folder / "trainer"))
 
     def wait_for_save(self) -> None:
-        """Wait for the drafter's checkpoint; only a complete one gets the meta file that `_restore` looks for."""
+        """Wait for the drafter's checkpoint; only a complete one gets the meta file that `_restore` looks for.
+
+        A checkpoint without the drafter is an error in the log and in tlt/drafter/checkpoint_failures: resuming
+        from that step would restart the drafter.
+        """
         pending, self._pending_save = self._pending_save, None
-        saved = self.pool.wait_for_save()
         if pending is None:
             return
-        folder, meta = pending
-        if not saved:
-            logger.warning(
-                "TLT: the drafter checkpoint in %s failed; resuming from this step restarts the drafter", folder
+        folder, step = pending
+        result = self.pool.wait_for_save()
+        self.metrics["tlt/drafter/checkpoint_wait_s"] = result.waited_s
+        if not result.saved:
+            self._checkpoint_failures += 1
+            self.metrics["tlt/drafter/checkpoint_failures"] = float(self._checkpoint_failures)
+            logger.error(
+                "TLT: the drafter was not saved with verl's checkpoint of step %d (%s): %s; resuming from this step "
+                "restarts the drafter from tlt.drafter.init=%s",
+                step,
+                folder.parent,
+                result.reason,
+                self.tlt.drafter.init,
             )
             return
-        write_json(folder / META_FILE, meta)
+        write_json(folder / META_FILE, {**result.info, "step": step})
+        logger.info(
+            "TLT: drafter version %d (%d optimizer steps) saved with verl's checkpoint of step %d%s",
+            result.info["version"],
+            result.info["total_steps"],
+            step,
+            f", after waiting {result.waited_s:.0f} s for its worker" if result.waited_s >= 1 else "",
+        )
 
     def _restore(self, step_folder: Path) -> None:
         folder = step_folder / CHECKPOINT_DIR
@@ -444,7 +461,13 @@ class TLTRuntime:
                 self.tlt.drafter.init,
             )
             return
-        logger.info("TLT: drafter version %d restored from %s", meta["version"], folder)
+        logger.info(
+            "TLT: resuming at step %s with drafter version %d (%d optimizer steps) restored from %s",
+            meta.get("step", step_folder.name),
+            meta["version"],
+            meta["total_steps"],
+            folder,
+        )
 
 
 def _feature_layers(drafter, target_path: str) -> tuple[int, ...]:
