@@ -88,8 +88,9 @@ def test_a_watched_job_reports_its_memory_peaks(fake_verl, tmp_path):
         [], tmp_path / "job", entry_module="fake_verl", timeout_s=120, on_poll=on_poll, poll_s=0.05, watch_memory=True
     )
     assert result.memory["samples"] >= 1
-    assert [row["component"] for row in result.memory["components"]] == ["driver"]
-    assert result.memory["components"][0]["peak_gib"] > 0
+    # The job's driver, and the caller (this test's process) beside it: what shares the machine with the job.
+    assert sorted(row["component"] for row in result.memory["components"]) == ["caller", "driver"]
+    assert all(row["peak_gib"] > 0 for row in result.memory["components"])
 
 
 def test_a_failed_job_hands_over_what_it_left(fake_verl, tmp_path):

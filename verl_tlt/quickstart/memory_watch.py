@@ -15,6 +15,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 DRIVER = "driver"
+# The process that started the job (the quickstart itself): not part of the job, but it shares the machine with it.
+CALLER = "caller"
 RAY_SYSTEM = "ray (system)"
 RAY_IDLE = "ray (idle workers)"
 GIB = 1024**3
@@ -89,13 +91,17 @@ class PeakTracker:
 
 
 class JobMemoryWatch:
-    """Samples the process tree under `root_pid` (see the module docstring); call `sample()` every few seconds."""
+    """Samples the process tree under `root_pid` (see the module docstring); call `sample()` every few seconds.
 
-    def __init__(self, root_pid: int) -> None:
+    caller_pid: also sample that process (the one that started the job) as the `caller` component, without its
+    other children."""
+
+    def __init__(self, root_pid: int, caller_pid: int | None = None) -> None:
         import psutil
 
         self._psutil = psutil
         self._root = psutil.Process(root_pid)
+        self._caller = psutil.Process(caller_pid) if caller_pid is not None else None
         self.tracker = PeakTracker()
 
     def sample(self) -> None:
@@ -105,6 +111,11 @@ class JobMemoryWatch:
         except psutil.Error:  # the job has just exited
             return
         measured = []
+        if self._caller is not None:
+            try:
+                measured.append((CALLER, self._caller.memory_full_info().pss))
+            except psutil.Error:
+                pass
         for process in tree:
             try:
                 component = component_of(process.cmdline(), process.pid == self._root.pid)

@@ -27,6 +27,8 @@ def format_report(summary: dict[str, Any]) -> str:
         lines.append(f"  note: {summary['identity_note']}")
     if summary.get("memory_peaks"):
         lines += ["", "peak memory per component (PSS):", format_memory_table(summary["memory_peaks"])]
+    if summary.get("quickstart_memory"):
+        lines.append(quickstart_memory_line(summary["quickstart_memory"]))
     lines += ["", format_stage_times(summary.get("stage_s", {}))]
     return "\n".join(lines)
 
@@ -202,3 +204,13 @@ def _run_digest(name: str, rows: list[dict]) -> str:
 def _mean_of(rows: list[dict], key: str) -> float:
     values = [r[key] for r in rows if r.get(key) is not None]
     return sum(values) / len(values) if values else float("nan")
+
+
+def quickstart_memory_line(memory: dict[str, dict[str, float]]) -> str:
+    """The quickstart's own resident memory as the first verl run started, and its peak: its inputs are built in a
+    child process (quickstart.apart), so the runs do not share the machine with what building them held."""
+    start, end = memory.get("at_first_run_start", {}), memory.get("at_end", {})
+    line = f"the quickstart itself (caller): {start.get('rss_gib', 0.0):.2f} GiB resident as the first run started"
+    if "peak_rss_gib" in end:
+        line += f", peak {end['peak_rss_gib']:.2f} GiB over the whole command (inputs built in a child process)"
+    return line

@@ -15,6 +15,7 @@ from typing import Any
 
 from verl_tlt.metrics.decode_metrics import ms_per_token_by_batch
 from verl_tlt.progress import format_duration
+from verl_tlt.quickstart.apart import own_memory, run_apart
 from verl_tlt.quickstart.identity import identity_by_run, responses_by_step, same_responses_steps
 from verl_tlt.quickstart.job_progress import JobProgress
 from verl_tlt.quickstart.recipe import (
@@ -166,12 +167,15 @@ def run_comparison(
     missing = [name for name in RUNS if name not in runs]
     if missing:
         logger.warning("runs %s left out (--runs): the report will lack what needs them", missing)
-    if model == TOY:
-        inputs = prepare_toy(cache, timer, family)
-    else:
-        from verl_tlt.quickstart.real_model import prepare_real_model
-
-        inputs = prepare_real_model(model, cache, out / "data", settings, timer)
+    # In a child process: the verl runs get the machine a run with everything cached gets (see quickstart.apart).
+    inputs, stage_s = run_apart(prepare_inputs, model, cache, out / "data", settings, family)
+    for stage, seconds in stage_s.items():
+        timer.seconds[stage] = seconds
+    caller_memory = {"at_first_run_start": own_memory()}
+    logger.info(
+        "the quickstart holds %.2f GiB resident as the first verl run starts (its inputs were built apart)",
+        caller_memory["at_first_run_start"]["rss_gib"],
+    )
     common = quickstart_overrides(inputs, settings, extra)
     results: dict[str, RunResult] = {}
     for name in runs:
@@ -180,7 +184,8 @@ def run_comparison(
             results[name] = run_one(
                 name, common, out / name, steps=settings.steps, timeout_s=timeout_s, expected_s=previous, model=model
             )
-    return build_summary(
+    caller_memory["at_end"] = own_memory()
+    summary = build_summary(
         results,
         timer.seconds,
         replicas=settings.replicas,
@@ -190,6 +195,20 @@ def run_comparison(
         model=model,
         family=family,
     )
+    return {**summary, "quickstart_memory": caller_memory}
+
+
+def prepare_inputs(
+    model: str, cache: Path, data_dir: Path, settings: GRPOSettings, family: str
+) -> tuple[QuickstartInputs, dict[str, float]]:
+    """The runs' inputs (the toy's world, target and drafter, or a real model, its tasks and drafter; built once into
+    `cache`) and each stage's seconds. Run apart (`run_apart`): it loads and trains models."""
+    timer = StageTimer()
+    if model == TOY:
+        return prepare_toy(cache, timer, family), timer.seconds
+    from verl_tlt.quickstart.real_model import prepare_real_model
+
+    return prepare_real_model(model, cache, data_dir, settings, timer), timer.seconds
 
 
 def group_drafts_summary(runs: dict[str, list[dict]]) -> dict[str, Any]:

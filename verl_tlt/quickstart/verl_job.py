@@ -66,8 +66,8 @@ def run_verl_job(
 
     Adds the file logger and rollout dumps to the overrides. Raises VerlJobError (with the log tail) if the job
     fails or exceeds `timeout_s`; the whole process group is killed on timeout. `on_poll(metrics_path)` is called
-    about every `poll_s` seconds while the job runs. `watch_memory` samples the job's processes as often and puts
-    each component's peak in `JobResult.memory` (see memory_watch).
+    about every `poll_s` seconds while the job runs. `watch_memory` samples the job's processes (and this one, as
+    `caller`) as often and puts each component's peak in `JobResult.memory` (see memory_watch).
     """
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -124,7 +124,7 @@ def _poller(
         return on_poll, None
     from verl_tlt.quickstart.memory_watch import JobMemoryWatch
 
-    watch = JobMemoryWatch(pid)
+    watch = JobMemoryWatch(pid, caller_pid=os.getpid())
 
     def poll(metrics_path: Path) -> None:
         watch.sample()
