@@ -17,6 +17,10 @@ from verl_tlt.engine.compiled_forward import STEP_KINDS, CompiledForward
 from verl_tlt.modeling.cpu_linear import PACKED_MIN_WEIGHT, CpuLayoutLinear
 from verl_tlt.modeling.linear_kernels import NO_PACKED_ENV, packed_kernel_available
 
+# Inductor compiles each kind of step for seconds (a minute and more on one slow core, with an empty cache): the full
+# tier runs these, the quick edit-loop tier does not.
+pytestmark = pytest.mark.slow
+
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18, 19, 20], [21], [30, 31, 32]]
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 SAMPLED = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=20, ignore_eos=True, seed=5)
