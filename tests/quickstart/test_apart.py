@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import psutil
@@ -22,10 +23,19 @@ def hold_memory(gib: float) -> float:
     return psutil.Process().memory_info().rss / GIB
 
 
-def test_memory_a_stage_holds_stays_in_its_child_process():
+def hold_memory_and_say_how_it_logs(gib: float) -> tuple[float, str]:
+    formatter = next(h.formatter for h in logging.getLogger().handlers if h.formatter is not None)
+    return hold_memory(gib), formatter._style._fmt
+
+
+def test_a_stage_apart_logs_as_the_quickstart_does_and_what_it_holds_stays_in_its_child(monkeypatch):
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s [the caller's format] %(message)s"))
+    monkeypatch.setattr(logging.getLogger(), "handlers", [handler])  # as the CLI's logging set-up leaves it
     before = psutil.Process().memory_info().rss / GIB
-    child_rss = run_apart(hold_memory, HELD_GIB)
+    child_rss, child_format = run_apart(hold_memory_and_say_how_it_logs, HELD_GIB)
     after = psutil.Process().memory_info().rss / GIB
+    assert child_format == "%(asctime)s [the caller's format] %(message)s"  # its progress lines look like ours
     assert child_rss >= HELD_GIB  # the child really held it
     assert after - before < 0.2 * HELD_GIB  # and none of it is here
     assert not _held

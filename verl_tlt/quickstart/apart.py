@@ -17,8 +17,6 @@ from typing import Any, TypeVar
 
 import psutil
 
-LOG_FORMAT = "%(asctime)s [quickstart] %(message)s"
-LOG_DATE_FORMAT = "%H:%M:%S"
 GIB = 1024**3
 
 Result = TypeVar("Result")
@@ -27,17 +25,26 @@ Result = TypeVar("Result")
 def run_apart(function: Callable[..., Result], *args: Any) -> Result:
     """`function(*args)` in a fresh child process (spawned: no copy of this one's memory); its result, or its error.
 
-    The child logs like the quickstart (its progress lines show), and is gone, with everything it held, on return.
-    `function` and its arguments and result must pickle (a module-level function, paths, dataclasses).
+    The child logs as this process does (its progress lines show, in the same format), and is gone, with everything
+    it held, on return. `function` and its arguments and result must pickle (a module-level function, paths,
+    dataclasses).
     """
-    level = logging.getLogger().getEffectiveLevel()
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(1, mp_context=context, initializer=_configure_logging, initargs=(level,)) as pool:
+    with ProcessPoolExecutor(1, mp_context=context, initializer=_log_like, initargs=_logging_here()) as pool:
         return pool.submit(function, *args).result()
 
 
-def _configure_logging(level: int) -> None:
-    logging.basicConfig(level=level, format=LOG_FORMAT, datefmt=LOG_DATE_FORMAT)
+def _logging_here() -> tuple[int, str | None, str | None]:
+    """This process's log level, and the format and date format of its root handler (None: logging's defaults)."""
+    root = logging.getLogger()
+    formatter = next((handler.formatter for handler in root.handlers if handler.formatter is not None), None)
+    if formatter is None:
+        return root.getEffectiveLevel(), None, None
+    return root.getEffectiveLevel(), formatter._style._fmt, formatter.datefmt
+
+
+def _log_like(level: int, format: str | None, datefmt: str | None) -> None:
+    logging.basicConfig(level=level, format=format, datefmt=datefmt)
 
 
 def own_memory() -> dict[str, float]:

@@ -25,7 +25,6 @@ from pathlib import Path
 
 from verl_tlt.commands import add_command, positive_int, run_alone, usage_error
 from verl_tlt.files import write_json
-from verl_tlt.quickstart.apart import LOG_DATE_FORMAT, LOG_FORMAT
 from verl_tlt.quickstart.recipe import COMPARED, GROUP_DRAFTS, RUNS, TOY, GRPOSettings, settings_for
 from verl_tlt.quickstart.report import format_report
 
@@ -117,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     from verl_tlt.quickstart.runner import run_comparison
     from verl_tlt.toy.cache import default_cache_root
 
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, datefmt=LOG_DATE_FORMAT)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s [quickstart] %(message)s", datefmt="%H:%M:%S")
     if args.rollout == "vllm" and importlib.util.find_spec("vllm") is None:
         usage_error(
             args,

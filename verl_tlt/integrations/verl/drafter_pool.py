@@ -6,7 +6,8 @@ drafter has one history. A worker that dies or stops answering is dropped and lo
 score is busy, not lost: `settle` carries its calls over and nothing else queues behind them); if it was the owner, the
 next worker continues from the last published weights (what the rollout replicas already run). With no workers
 left, spot training is off for the rest of the run and the replicas keep their last drafter: the RL run never
-fails because of the drafter.
+fails because of the drafter. A verl checkpoint always carries the drafter: its save queues behind whatever the
+owner is still doing and is waited for (bounded, with progress), never skipped because the owner is busy.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ class PendingSave:
 
 @dataclass(frozen=True)
 class SaveFailed:
+    """A checkpoint that could not even be queued, and why."""
+
     reason: str
 
 
@@ -79,7 +82,7 @@ class DrafterPool:
         self.save_timeout_s = save_timeout_s
         self._saving: PendingSave | SaveFailed | None = None
         self._stopped_for_save: dict | None = None  # the report of a burst that a checkpoint preempted
-        self._pending: list[tuple[int, Any]] = []  # (rank, call) queued by score_and_add
+        self._pending: list[tuple[int, Any]] = []  # (rank, call) not collected yet: score_and_add's, a late save's
         self._scoring: tuple[int, Any] | None = None
         self._late = False  # the pending score missed its step's settle
         self._last_status: dict | None = None
