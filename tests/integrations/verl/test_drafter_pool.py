@@ -216,6 +216,7 @@ def test_a_checkpoint_whose_owner_stays_busy_past_the_limit_fails_loudly_and_kee
     pool.save("/ckpt/step_2")
     result = pool.wait_for_save(timeout_s=0.5)
     assert not result.saved and "drafter worker 0 was still scoring the drafter" in result.reason
+    assert result.waited_s >= 0.5  # the step waited that long: tlt/drafter/checkpoint_wait_s says so
     assert all(pool.alive) and pool.failures == 0 and pool.busy(0)  # busy is not dead; nothing queues behind it
     assert pool.start([0]) is None
     ray.get(gate.open.remote())

@@ -263,7 +263,8 @@ class DrafterPool:
             if not finished:  # busy is not dead: the worker is kept, and a later settle collects these calls
                 self._pending += [(rank, pending.save_call), (rank, pending.done_call)]
                 doing = pending.behind or "writing the checkpoint"
-                return SaveResult(False, f"drafter worker {rank} was still {doing} after {waited:.0f} s", rank)
+                reason = f"drafter worker {rank} was still {doing} after {waited:.0f} s"
+                return SaveResult(False, reason, rank, waited_s=waited)
             info = self._get(rank, pending.save_call)
             written = info is not None and self._get(rank, pending.done_call)
         if info is None:
