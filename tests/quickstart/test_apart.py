@@ -10,6 +10,7 @@ import psutil
 from verl_tlt.quickstart import runner
 from verl_tlt.quickstart.apart import GIB, own_memory, run_apart
 from verl_tlt.quickstart.recipe import GRPOSettings, QuickstartInputs, settings_for
+from verl_tlt.quickstart.report import quickstart_memory_line
 
 HELD_GIB = 1.0
 _held: list[bytearray] = []  # what a builder leaves resident after it returns (in the process that ran it)
@@ -78,10 +79,4 @@ def test_the_first_verl_run_starts_with_the_quickstart_holding_none_of_what_buil
     at_start = summary["quickstart_memory"]["at_first_run_start"]["rss_gib"]
     assert at_start - before < 0.2 * HELD_GIB and started["baseline"] - before < 0.2 * HELD_GIB
     assert summary["stage_s"]["drafter"] == 12.5  # the child's stage timings come back
-    assert "resident as the first run started" in runner_report(summary)
-
-
-def runner_report(summary: dict) -> str:
-    from verl_tlt.quickstart.report import quickstart_memory_line
-
-    return quickstart_memory_line(summary["quickstart_memory"])
+    assert "resident as the first run started" in quickstart_memory_line(summary["quickstart_memory"])

@@ -169,8 +169,7 @@ def run_comparison(
         logger.warning("runs %s left out (--runs): the report will lack what needs them", missing)
     # In a child process: the verl runs get the machine a run with everything cached gets (see quickstart.apart).
     inputs, stage_s = run_apart(prepare_inputs, model, cache, out / "data", settings, family)
-    for stage, seconds in stage_s.items():
-        timer.seconds[stage] = seconds
+    timer.seconds.update(stage_s)  # timed and logged in the child
     caller_memory = {"at_first_run_start": own_memory()}
     logger.info(
         "the quickstart holds %.2f GiB resident as the first verl run starts (its inputs were built apart)",
