@@ -248,16 +248,82 @@ def test_a_save_while_a_burst_runs_is_refused(fed, tmp_path):
         worker.stop()
 
 
-def test_the_hold_score_fault_holds_that_steps_score_until_its_path_exists(fed, samples, tmp_path, monkeypatch):
-    """The checkpoint e2e test's stand-in for a slow host: step 2's score waits for a file, other steps' do not."""
-    release = tmp_path / "verl_saved"
-    worker = fed(fault=f"hold_score=2:{release}")
-    waits = []
-    monkeypatch.setattr(worker_module.time, "sleep", lambda s: (waits.append(s), release.touch()))
-    worker.evaluate([DrafterSample(s.token_ids, s.hidden_states, s.response_mask, step=1) for s in samples[:1]])
-    assert waits == []
-    worker.evaluate([DrafterSample(s.token_ids, s.hidden_states, s.response_mask, step=2) for s in samples[:1]])
-    assert len(waits) == 1 and release.exists()
+def stepped(samples: list[DrafterSample], step: int) -> list[DrafterSample]:
+    return [DrafterSample(s.token_ids, s.hidden_states, s.response_mask, step=step) for s in samples]
+
+
+def run_burst(worker: DrafterWorker, steps_wanted: int = 2) -> dict:
+    """worker.start(), wait for `steps_wanted` optimizer steps (the score runs first), then worker.stop()."""
+    wanted = worker.spot.trainer.global_step + steps_wanted
+    assert worker.start()
+    deadline = time.monotonic() + 60
+    while worker.spot.trainer.global_step < wanted and worker.spot.is_running:
+        assert time.monotonic() < deadline, "hang guard: no training step within 60 s"
+        time.sleep(0.002)
+    return worker.stop()
+
+
+def test_receive_stores_now_and_the_next_burst_scores_before_it_trains(varied_qwen2, samples):
+    worker = make_worker(varied_qwen2[0])
+    assert worker.receive(stepped(samples, 3)) == len(samples) and len(worker.spot.trainer.buffer) == len(samples)
+    report = run_burst(worker)
+    scores = report["scores"]
+    assert scores["step"] == 3.0 and scores["samples"] == len(samples)
+    # Scored before the burst trained: the online drafter was still the initial one.
+    assert scores["online_accept_prob"] == pytest.approx(scores["frozen_accept_prob"])
+    assert report["burst_steps"] >= 2
+    assert "scores" not in run_burst(worker)  # scored once: the next burst only trains
+
+
+def test_the_score_mark_moves_with_the_training_state(varied_qwen2, samples):
+    """The next owner does not score again what the last owner scored, and scores what is newer."""
+    owner, other = make_worker(varied_qwen2[0]), make_worker(varied_qwen2[0])
+    for worker in (owner, other):
+        worker.receive(stepped(samples[:3], 1))
+    assert run_burst(owner)["scores"]["step"] == 1.0
+    other.load_training_state(transferred(owner.training_state()))
+    assert "scores" not in run_burst(other)
+    for worker in (owner, other):
+        worker.receive(stepped(samples[3:], 2))
+    assert run_burst(other)["scores"]["step"] == 2.0
+
+
+def test_a_set_replaced_before_any_burst_scored_it_is_counted(varied_qwen2, samples):
+    worker = make_worker(varied_qwen2[0])
+    worker.receive(stepped(samples[:2], 1))
+    worker.receive(stepped(samples[2:], 2))
+    assert worker.status()["scores_skipped"] == 1
+    assert run_burst(worker)["scores"]["step"] == 2.0
+
+
+def test_a_burst_held_in_its_score_still_stops_when_told(varied_qwen2, samples, tmp_path):
+    """hold_score keeps step 2's score running until its file exists: the burst's stop ends it anyway."""
+    release = tmp_path / "never_written"
+    worker = make_worker(varied_qwen2[0], fault=f"hold_score=2:{release}")
+    worker.receive(stepped(samples, 2))
+    assert worker.start()
+    time.sleep(0.1)  # whether the hold has begun or not, the stop must end the burst
+    report = worker.stop()
+    assert not worker.spot.is_running and report["burst_steps"] == 0 and "scores" not in report
+    assert not release.exists()
+
+
+def test_a_worker_is_pinned_to_the_cores_it_is_given(varied_qwen2):
+    """The drafter worker's process takes its replica's cores (here: the test process's first core, restored)."""
+    import os
+
+    before = os.sched_getaffinity(0)
+    core = min(before)
+    try:
+        worker = make_worker(varied_qwen2[0], cpu_cores=[core])
+        assert worker.cpu_cores == [core] and os.sched_getaffinity(0) == {core}
+        assert worker.status()["cpu_cores"] == [core]
+    finally:
+        for thread in os.listdir("/proc/self/task"):
+            try:
+                os.sched_setaffinity(int(thread), before)
+            except OSError:
+                pass
 
 
 def test_load_of_a_missing_checkpoint_raises(fed, tmp_path):

@@ -91,19 +91,18 @@ class DrafterConfig:
     eval_max_pairs: int = field(
         default=1024,
         metadata={
-            "help": "The drafter is scored each step on this many response positions of the step's fresh captures "
-            "(whole samples, evenly spaced; tlt/drafter/eval_*), before it trains on them, off the trainer's path "
-            "until the step's end waits for it. Scoring runs both heads and 8 noise draws per position at depths "
-            "1-4, so its cost grows with this. 0 = no per-step scores."
+            "help": "The drafter is scored on this many response positions of each step's fresh captures (whole "
+            "samples, evenly spaced; tlt/drafter/eval_*), by the next spot-training burst before it trains on them: "
+            "on a drained replica during the next rollout, never while the RL step waits. Scoring runs both heads "
+            "and 8 noise draws per position at depths 1-4, so it takes that burst's time. 0 = no scores."
         },
     )
     eval_max_seconds: float = field(
         default=20.0,
         metadata={
-            "help": "The per-step scores stop after this many seconds, over the samples scored so far (the online "
-            "and frozen drafters on the same ones; tlt/drafter/eval_samples says how many): the step's end waits for "
-            "them. A score still running after the drafter call timeout is reported late, never a reason to drop "
-            "the worker. 0 = no limit."
+            "help": "A burst's score stops after this many seconds (checked every 512 tokens), over the samples "
+            "scored so far (the online and frozen drafters on the same ones; tlt/drafter/eval_samples says how "
+            "many), and sooner when the rollout ends. 0 = no limit."
         },
     )
     draft_vocab_size: int = field(

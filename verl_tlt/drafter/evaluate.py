@@ -19,6 +19,10 @@ COUPLING_SEED = 1234
 ESTIMATE_DEPTH = 4
 # Positions per head call when scoring: bounds the [positions, vocabulary] tensors (50 MB each at a 49k vocabulary).
 EVAL_CHUNK_POSITIONS = 256
+# Tokens per group of a time-bounded score: the bound is checked between groups, so a group is what it can overrun
+# by. A whole optimizer batch (4096 tokens) took about a minute per drafter at a 49k vocabulary on one CPU core, which
+# let a 20 s bound run to 127-157 s.
+EVAL_GROUP_TOKENS = 512
 
 
 @torch.no_grad()
@@ -131,17 +135,19 @@ def _coupled_agreement(draft_logits: torch.Tensor, target_probs: torch.Tensor, g
     return agree / COUPLING_DRAWS
 
 
-def token_groups(samples: Iterable, max_tokens: int) -> list[list]:
-    """`samples` in order, in consecutive groups of at most `max_tokens` tokens (a longer sample alone)."""
+def token_groups(samples: Iterable, max_tokens: int, size: Callable[[object], int] | None = None) -> list[list]:
+    """`samples` in order, in consecutive groups of at most `max_tokens` tokens (a longer sample alone); size(item):
+    an item's tokens (default: its num_tokens)."""
+    size = size or (lambda sample: sample.num_tokens)
     groups: list[list] = []
     tokens = 0
     for sample in samples:
-        if groups and groups[-1] and tokens + sample.num_tokens <= max_tokens:
+        if groups and groups[-1] and tokens + size(sample) <= max_tokens:
             groups[-1].append(sample)
-            tokens += sample.num_tokens
+            tokens += size(sample)
         else:
             groups.append([sample])
-            tokens = sample.num_tokens
+            tokens = size(sample)
     return groups
 
 
@@ -161,23 +167,35 @@ def evaluate_within(
     max_tokens_per_batch: int,
     max_seconds: float,
     clock: Callable[[], float] = time.monotonic,
+    should_stop: Callable[[], bool] | None = None,
 ) -> tuple[dict[str, dict[str, float]], int]:
-    """`evaluate_drafter` for every model on the same samples, a group of about `max_tokens_per_batch` tokens at a
-    time, until `max_seconds` have passed (0 = no limit; the first group is always scored); (scores per model over
-    the groups scored, samples scored).
+    """`evaluate_drafter` for every model on the same samples, a group of at most EVAL_GROUP_TOKENS tokens (or
+    `max_tokens_per_batch`, if fewer) at a time, until `max_seconds` have passed (0 = no limit; the first group is
+    always scored) or `should_stop()` says so (checked before every group, the first included); (scores per model
+    over the groups scored, samples scored).
 
     Group by group, so each model is scored on exactly the samples the others were, whatever the time bound cut;
     the shared noise restarts per group (the same for every model).
     """
+    from verl_tlt.drafter.data import windows
+
     begin = clock()
+    group_tokens = min(max_tokens_per_batch, EVAL_GROUP_TOKENS)
     parts: dict[str, list[dict[str, float]]] = {name: [] for name in models}
-    scored = 0
-    for group in token_groups(samples, max_tokens_per_batch):
-        if scored and max_seconds > 0 and clock() - begin >= max_seconds:
+    # A long sample is scored in windows (as evaluate_drafter would), so that no group is longer than group_tokens;
+    # a sample counts as scored once its last window is.
+    pieces = [(index, piece) for index, whole in enumerate(samples) for piece in windows(whole, group_tokens)]
+    done = scored = 0  # pieces scored, and whole samples
+    for group in token_groups(pieces, group_tokens, size=lambda item: item[1].num_tokens):
+        if should_stop is not None and should_stop():
+            break
+        if done and max_seconds > 0 and clock() - begin >= max_seconds:
             break
         for name, model in models.items():
-            parts[name].append(evaluate_drafter(model, group, max_tokens_per_batch))
-        scored += len(group)
+            parts[name].append(evaluate_drafter(model, [piece for _, piece in group], max_tokens_per_batch))
+        done += len(group)
+        last = pieces[done - 1][0]
+        scored = last + 1 if done == len(pieces) or pieces[done][0] != last else last
     return {name: merge_scores(found) for name, found in parts.items()}, scored
 
 

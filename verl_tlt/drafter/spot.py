@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -73,8 +73,13 @@ class SpotTrainer:
         vocabulary waits for the next optimizer step)."""
         return self.trainer.add_samples(list(samples))
 
-    def start(self, max_steps: int | None = None) -> bool:
-        """Begin background training; False if it is already running or there is nothing to train on."""
+    def start(
+        self, max_steps: int | None = None, before_training: Callable[[threading.Event], None] | None = None
+    ) -> bool:
+        """Begin background training; False if it is already running or there is nothing to train on.
+
+        before_training(stop): run first in the burst's thread, on the host (the worker scores its drafter there); it
+        must return soon after `stop` is set. An exception in it is logged and the burst trains anyway."""
         if self.is_running:
             return False
         if len(self.trainer.buffer) == 0:
@@ -89,7 +94,9 @@ class SpotTrainer:
         self._result = {}
         # Train with the intra-op thread count the caller set, not the process default (see engine.torch_threads).
         train = with_torch_threads(self._train)
-        self._thread = threading.Thread(target=train, args=(max_steps,), name="drafter-spot-train", daemon=True)
+        self._thread = threading.Thread(
+            target=train, args=(max_steps, before_training), name="drafter-spot-train", daemon=True
+        )
         self._thread.start()
         return True
 
@@ -142,9 +149,14 @@ class SpotTrainer:
 
     # ----- internals -----------------------------------------------------------------------------------------
 
-    def _train(self, max_steps: int | None) -> None:
+    def _train(self, max_steps: int | None, before_training: Callable[[threading.Event], None] | None = None) -> None:
         stop = _StopOrOverBudget(self._stop, self.memory)
         timings: dict[str, float] = {}
+        if before_training is not None:
+            try:
+                before_training(self._stop)
+            except Exception:  # a failing score must not cost the burst, let alone the RL run
+                logger.exception("Drafter work before the burst's training failed; the burst trains anyway")
         try:
             begin = time.monotonic()
             self.trainer.to_device(self.device)  # onload (a no-op on the host)

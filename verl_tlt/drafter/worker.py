@@ -1,11 +1,13 @@
 """A drafter worker: the spot trainer of one rollout replica's resources, driven by the TLT coordinator.
 
-The TLT trainer runs one worker per rollout replica (on CPU a Ray actor beside the replica's server). All workers
-hold the same data buffer (every captured sample is sent to each of them, in the same order), but only one holds
-the authoritative drafter at a time: the last one that trained. When another replica drains first, the
+The TLT trainer runs one worker per rollout replica (on CPU a Ray actor beside the replica's server, pinned to its
+cores). All workers hold the same data buffer (every captured sample is sent to each of them, in the same order, by
+`receive`), but only one holds the authoritative drafter at a time: the last one that trained. When another
+replica drains first, the
 coordinator hands the training state (weights, optimizer, step counters, buffer cursor; not the samples, which the
 new worker already has) from the owner to that worker before it starts, so there is one drafter history, never a
-diverging copy per replica.
+diverging copy per replica. Each burst first scores the drafter on the newest captures it has not yet trained on
+(`tlt/drafter/eval_*`), on the drained replica's resources: nothing of the drafter's runs while the RL step waits.
 
 Nothing here imports Ray or verl; the integration wraps this class with `ray.remote`.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,6 +25,7 @@ from typing import Any
 import torch
 
 from verl_tlt.config import DrafterConfig
+from verl_tlt.cpu_affinity import pin_process
 from verl_tlt.drafter.data import DrafterSample
 from verl_tlt.drafter.evaluate import evaluate_within, subsample_for_evaluation
 from verl_tlt.drafter.memory_budget import MemoryBudget, budget_bytes
@@ -32,9 +36,8 @@ logger = logging.getLogger(__name__)
 # Test-only fault injection, comma-separated: "exit_on_start=N" makes the N-th start() of every worker end its process,
 # as the kernel's out-of-memory kill would (the drafter-crash test); "oom_on_start=N" makes that burst's first step
 # raise the device's out-of-memory error, which ends the burst inside a live worker; "hold_score=N:PATH" keeps the
-# score of RL step N's captures running until PATH exists (at most HOLD_LIMIT_S), as a slow host would: the
-# checkpoint test holds it until verl's own checkpoint of step N is written, so the drafter's save, queued before
-# that, certainly finds its worker scoring.
+# score of RL step N's captures running until PATH exists, the burst is told to stop, or HOLD_LIMIT_S pass, as a slow
+# host would: a burst stuck in its score must still stop when the rollout ends.
 FAULT_ENV = "VERL_TLT_DRAFTER_FAULT"
 HOLD_LIMIT_S = 600.0
 
@@ -60,10 +63,13 @@ class DrafterWorker:
         cpu_niceness: int = 0,
         checkpoint_dir: str | None = None,
         device: str = "cpu",
+        cpu_cores: list[int] | None = None,
     ):
         """checkpoint_dir: where every training burst that changed the drafter is checkpointed, asynchronously
         (`<dir>/latest`); None = no per-burst checkpoints (verl's checkpoints still save the drafter). device: where
-        bursts train (`integrations.control.placement`); scores, labels and checkpoints run in host memory."""
+        bursts train (`integrations.control.placement`); scores, labels and checkpoints run in host memory.
+        cpu_cores: pin this process to them (its replica's cores on CPU); None = where the OS places it."""
+        self.cpu_cores = pin_process(cpu_cores) if cpu_cores else []
         if num_threads:
             torch.set_num_threads(num_threads)
         if cpu_niceness > 0:
@@ -84,10 +90,28 @@ class DrafterWorker:
         self.spot = SpotTrainer(model, config, seed=seed, checkpoint_dir=checkpoint_dir, memory=memory, device=device)
         self._fault = fault if fault is not None else os.environ.get(FAULT_ENV, "")
         self._starts = 0
+        self._to_score: tuple[int, list[DrafterSample]] | None = None  # (RL step, samples) the next burst scores
+        self._scored_step = -1  # the newest RL step whose captures a burst scored (moves with the training state)
+        self._burst_scores: dict[str, float] | None = None
+        self.scores_skipped = 0
 
     # ----- data and training -----------------------------------------------------------------------------------
 
     def add_samples(self, samples: Iterable[DrafterSample]) -> int:
+        return self.spot.add_samples(samples)
+
+    def receive(self, samples: list[DrafterSample]) -> int:
+        """A step's fresh captures: stored now (cheap: the actor labelled them at capture) and kept, subsampled to
+        `eval_max_pairs` positions, as the set the next burst scores the drafter on before it trains on them.
+
+        Off the RL step's path: nothing is scored here. A set replaced before any burst scored it is counted
+        (`scores_skipped`); the drafter then trains on it unscored. Returns how many samples were stored."""
+        samples = list(samples)
+        if self.config.eval_max_pairs > 0 and samples:
+            if self._to_score is not None and self._to_score[0] > self._scored_step:
+                self.scores_skipped += 1
+            step = max(sample.step for sample in samples)
+            self._to_score = (step, subsample_for_evaluation(samples, self.config.eval_max_pairs))
         return self.spot.add_samples(samples)
 
     def evaluate(self, samples: list[DrafterSample]) -> dict[str, float]:
@@ -99,14 +123,22 @@ class DrafterWorker:
         """
         if self.spot.is_running:
             raise RuntimeError("DrafterWorker.evaluate while spot training runs; stop() first")
-        self._maybe_hold_score(samples)
+        return self._scores(samples)
+
+    def _scores(self, samples: list[DrafterSample], stop: threading.Event | None = None) -> dict[str, float]:
+        """`evaluate`'s scores, stopping early (over the groups scored so far) once `stop` is set."""
+        self._maybe_hold_score(samples, stop)
         if self.config.eval_max_pairs == 0:
             return {}
         begin = time.monotonic()
         samples = subsample_for_evaluation(samples, self.config.eval_max_pairs)
         models = {"online": self.spot.trainer.model, "frozen": self.frozen}
         scores, scored = evaluate_within(
-            models, samples, self.config.max_tokens_per_batch, self.config.eval_max_seconds
+            models,
+            samples,
+            self.config.max_tokens_per_batch,
+            self.config.eval_max_seconds,
+            should_stop=None if stop is None else stop.is_set,
         )
         if scored < len(samples):
             logger.info(
@@ -119,23 +151,44 @@ class DrafterWorker:
         return {**flat, "samples": float(scored), "seconds": time.monotonic() - begin}
 
     def start(self) -> bool:
-        """Begin spot training in the background; False when already running or the buffer is empty."""
+        """Begin spot training in the background; False when already running or the buffer is empty. The burst first
+        scores the drafter on the newest captures it has not trained on (`receive`), then trains."""
         self._starts += 1
         self._maybe_crash()
-        return self.spot.start()
+        self._burst_scores = None
+        return self.spot.start(before_training=self._score_received)
 
     def stop(self) -> dict[str, Any]:
-        """Preempt training (within one optimizer step) and report what this burst did."""
+        """Preempt training (within one optimizer step, or one score group) and report what this burst did: with
+        `scores` (`evaluate`'s keys and `step`, the RL step whose captures they score) if it scored."""
         begin = time.monotonic()
         report = self.spot.stop()
         status = self.status()
         status["stop_latency_s"] = time.monotonic() - begin
         status["burst_steps"] = report.steps if report is not None else 0
         status["burst_seconds"] = report.seconds if report is not None else 0.0
+        if self._burst_scores:
+            status["scores"] = self._burst_scores
         return status
 
     def status(self) -> dict[str, Any]:
-        return {"rank": self.rank, **self.spot.status()}
+        return {
+            "rank": self.rank,
+            "scores_skipped": self.scores_skipped,
+            "cpu_cores": self.cpu_cores,
+            **self.spot.status(),
+        }
+
+    def _score_received(self, stop: threading.Event) -> None:
+        """In the burst's thread, before it trains: score the drafter on the newest received set, if no burst (of any
+        worker: the mark moves with the training state) has scored it yet."""
+        if self._to_score is None or self._to_score[0] <= self._scored_step:
+            return
+        step, samples = self._to_score
+        scores = self._scores(samples, stop)
+        if scores and scores.get("samples", 0) > 0:
+            self._burst_scores = {**scores, "step": float(step)}
+            self._scored_step = step
 
     # ----- the authoritative state -----------------------------------------------------------------------------
 
@@ -146,11 +199,17 @@ class DrafterWorker:
     def training_state(self) -> dict[str, Any]:
         """Everything another worker needs to continue this drafter's training (samples excluded)."""
         state = self.spot.trainer.state_dict(include_samples=False)
-        return {**state, "version": self.spot.version, "total_steps": self.spot.total_steps}
+        return {
+            **state,
+            "version": self.spot.version,
+            "total_steps": self.spot.total_steps,
+            "scored_step": self._scored_step,
+        }
 
     def load_training_state(self, state: dict[str, Any]) -> None:
         self.spot.trainer.load_state_dict(state)
         self.spot.adopt(state["version"], state["total_steps"])
+        self._scored_step = max(self._scored_step, state.get("scored_step", -1))
 
     def load_weights(self, version: int, weights: dict[str, torch.Tensor]) -> None:
         """Continue from published weights only (fresh optimizer): the fallback after the owner was lost."""
@@ -202,7 +261,7 @@ class DrafterWorker:
     def _faults(self) -> dict[str, str]:
         return dict(part.split("=", 1) for part in self._fault.split(",") if "=" in part)
 
-    def _maybe_hold_score(self, samples: list[DrafterSample]) -> None:
+    def _maybe_hold_score(self, samples: list[DrafterSample], stop: threading.Event | None = None) -> None:
         hold = self._faults().get("hold_score")
         if not hold:
             return
@@ -211,7 +270,7 @@ class DrafterWorker:
             return
         logger.warning("drafter worker %d: injected fault: step %s's score waits for %s", self.rank, step, path)
         deadline = time.monotonic() + HOLD_LIMIT_S
-        while not Path(path).exists() and time.monotonic() < deadline:
+        while not Path(path).exists() and time.monotonic() < deadline and not (stop is not None and stop.is_set()):
             time.sleep(0.05)
 
     def _maybe_crash(self) -> None:

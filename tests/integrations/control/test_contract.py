@@ -25,6 +25,7 @@ def test_the_contract_lists_the_calls_the_runtime_makes():
         "pop_last_rollout",
         "end_validation",
         "accelerator_ids",
+        "cpu_cores",
         "free_for_training",
         "restore_after_training",
     }

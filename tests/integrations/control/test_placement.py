@@ -9,6 +9,7 @@ from verl_tlt.integrations.control.placement import (
     VISIBLE_DEVICES,
     WorkerPlacement,
     place_worker,
+    replica_cpu_cores,
     visible_devices,
 )
 
@@ -37,3 +38,21 @@ def test_cuda_without_a_gpu_and_unknown_settings_fail_naming_the_key_and_the_fix
 def test_visible_devices_parses_the_environment_value():
     assert visible_devices("2,3") == ["2", "3"] and visible_devices("") == [] and visible_devices(None) == []
     assert visible_devices(" 1 , 4 ") == ["1", "4"]
+
+
+def test_cpu_replicas_share_their_nodes_cores_equally_and_contiguously():
+    assert [replica_cpu_cores([0, 1], i, 2) for i in range(2)] == [[0], [1]]  # the CPU quickstart: one core each
+    assert [replica_cpu_cores(range(8), i, 3) for i in range(3)] == [[0, 1], [2, 3, 4], [5, 6, 7]]
+    assert replica_cpu_cores([4, 6, 5, 7], 1, 2) == [6, 7]  # the cores the process may use, sorted: not 0..n-1
+    assert replica_cpu_cores([0, 1, 2, 3], 0, 1) == [0, 1, 2, 3]
+
+
+def test_fewer_cores_than_replicas_means_one_shared_core_each():
+    assert [replica_cpu_cores([0, 1], i, 3) for i in range(3)] == [[0], [1], [0]]
+
+
+def test_a_replica_outside_its_nodes_count_or_no_cores_fails():
+    with pytest.raises(ValueError, match="replica index 2 is not one of 2"):
+        replica_cpu_cores([0, 1], 2, 2)
+    with pytest.raises(ValueError, match="at least one available core"):
+        replica_cpu_cores([], 0, 1)

@@ -42,7 +42,7 @@ def test_the_sampling_choices_are_the_engines():
             {"num_thread": 2},
             [
                 f"Unknown config key '{KEY}.num_thread' (value 2)",
-                "num_threads, max_num_seqs, trace_path, compile, cuda_graphs, sampling",
+                "num_threads, cpu_affinity, max_num_seqs, trace_path, compile, cuda_graphs, sampling",
                 f"+{KEY}.num_thread=",
             ],
         ),

@@ -340,3 +340,36 @@ def test_a_drafter_that_fails_its_wake_up_self_test_is_dropped(tiny_qwen2):  # n
     server._wake_up_self_test()
     assert server.engine.drafter is None and server.drafter_version() is None
     assert server.sd_stats()["self_test"]["refused"] == 1
+
+
+@pytest.mark.parametrize(("affinity", "pinned"), [(True, [1]), (False, [])])
+def test_a_server_pins_itself_to_its_replicas_share_of_the_nodes_cores(tiny_qwen2, monkeypatch, affinity, pinned):  # noqa: F811
+    """Replica 2 of 2 on a 2-core node takes core 1 (the recorded pin: the test process keeps its own mask)."""
+    calls = []
+    monkeypatch.setattr(torch_server, "available_cores", lambda: [0, 1])
+    monkeypatch.setattr(torch_server, "pin_process", lambda cores: calls.append(list(cores)) or list(cores))
+    server = bare_server(tiny_qwen2[0], cpu_affinity=affinity)
+    server.node_slot = (1, 2)
+    server._run_engine = lambda: None
+    init_engine_keeping_threads(server)
+    assert calls == ([pinned] if pinned else []) and server.cpu_cores() == pinned
+
+
+def test_a_server_without_a_node_slot_stays_unpinned(tiny_qwen2, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(torch_server, "pin_process", lambda cores: pytest.fail("pinned without a slot"))
+    server = bare_server(tiny_qwen2[0])
+    server._run_engine = lambda: None
+    init_engine_keeping_threads(server)
+    assert server.cpu_cores() == []
+
+
+def test_the_replica_knows_its_slot_among_the_replicas_on_its_node():
+    from verl_tlt.integrations.torch_rollout.replica import TorchReplica
+
+    replica = TorchReplica.__new__(TorchReplica)
+    replica.gpus_per_node, replica.world_size = 2, 1
+    slots = []
+    for rank in range(4):
+        replica.replica_rank = rank
+        slots.append(replica.node_slot())
+    assert slots == [(0, 2), (1, 2), (0, 2), (1, 2)]

@@ -19,20 +19,13 @@ class FakeWorker:
     def __init__(self, rank: int):
         self.rank, self.version, self.samples, self.calls = rank, 0, [], []
 
-    def add_samples(self, samples):
-        self.calls.append("add")
+    def receive(self, samples):
+        self.calls.append("receive")
+        for gate in samples:
+            if isinstance(gate, ray.actor.ActorHandle):  # a call held until the test opens the gate
+                ray.get(gate.wait.remote())
         self.samples += samples
         return len(samples)
-
-    def evaluate(self, samples):
-        self.calls.append("evaluate")
-        if "slow" in samples:  # a score that outlasts the pool's call timeout
-            time.sleep(3)
-        for gate in samples:
-            if isinstance(gate, ray.actor.ActorHandle):  # a score held until the test opens the gate
-                ray.get(gate.wait.remote())
-        # Scored before this worker holds the samples: the order of queued calls is kept.
-        return {"held_before": float(len(self.samples)), "version": float(self.version)}
 
     def start(self):
         self.calls.append("start")
@@ -83,7 +76,7 @@ class FakeWorker:
 
 @ray.remote(num_cpus=0)
 class Gate:
-    """Holds a stand-in worker's score until the test opens it: a score certainly in flight, on any host."""
+    """Holds a stand-in worker's call until the test opens it: a call certainly in flight, on any host."""
 
     def __init__(self):
         import asyncio
@@ -124,20 +117,46 @@ def workers(ray_cluster):
         ray.kill(actor)
 
 
-def test_samples_reach_every_worker_after_the_owner_scored_them(workers):
+def settled(pool: DrafterPool, limit_s: float = 60) -> DrafterPool:
+    """Settle until every queued call is collected (settle itself never waits)."""
+    deadline = time.monotonic() + limit_s
+    pool.settle()
+    while pool._pending:
+        assert time.monotonic() < deadline, "queued calls never finished"
+        time.sleep(0.02)
+        pool.settle()
+    return pool
+
+
+def test_samples_reach_every_worker_in_order(workers):
     pool = DrafterPool(workers)
-    pool.score_and_add([1, 2])
-    pool.score_and_add([3])
-    scores = pool.settle()
-    assert scores == {"held_before": 2.0, "version": 0.0}  # the last batch, scored before it was added
+    pool.deliver([1, 2])
+    pool.deliver([3])
+    settled(pool)
     for worker in workers:
-        assert ray.get(worker.get_calls.remote()).count("add") == 2
-    assert pool.settle() is None
+        assert ray.get(worker.get_calls.remote()) == ["receive", "receive"]
+        assert ray.get(worker.__ray_call__.remote(lambda self: self.samples)) == [1, 2, 3]
+
+
+def test_the_step_end_never_waits_for_a_worker(workers):
+    """settle() returns while a worker's call is held open (it would hang here, until the test's timeout, if it
+    waited), and the worker is busy, not lost: no burst starts on it until the call is done."""
+    gate = Gate.remote()
+    pool = DrafterPool(workers)
+    pool.deliver([gate])
+    pool.settle()
+    assert pool.busy(0) and all(pool.alive) and pool.failures == 0
+    assert pool.start([0]) is None  # a burst would queue behind the held call
+    pool.update_target_weights({"w": 1})  # queued too: nothing waits
+    ray.get(gate.open.remote())
+    settled(pool)
+    assert all(pool.alive) and pool.start([0]) == 0
 
 
 def test_training_moves_to_the_drained_replica_with_the_owners_state(workers):
     pool = DrafterPool(workers)
-    pool.score_and_add([1])
+    pool.deliver([1])
+    settled(pool)
     assert pool.start([1]) == 1
     assert pool.stop()["version"] == 1 and pool.owner == 1
     # Replica 2 drains first next time: it continues the drafter that worker 1 trained.
@@ -150,7 +169,8 @@ def test_training_moves_to_the_drained_replica_with_the_owners_state(workers):
 
 def test_the_chosen_worker_is_prepared_before_it_starts(workers):
     pool, prepared = DrafterPool(workers), []
-    pool.score_and_add([1])
+    pool.deliver([1])
+    settled(pool)
     assert pool.start([2, 1], prepare=prepared.append) == 2
     assert prepared == [2]  # the chosen one only, before its start
 
@@ -162,13 +182,14 @@ def test_nothing_to_train_on_means_no_start(workers):
 
 def test_a_dead_owner_is_replaced_from_the_last_published_weights(workers):
     pool = DrafterPool(workers, call_timeout_s=20)
-    pool.score_and_add([1])
+    pool.deliver([1])
+    settled(pool)
     assert pool.start([0]) == 0 and pool.stop()["version"] == 1
     assert pool.latest_weights() == (1, {"w": 1})
     kill_and_wait(workers[0])
     assert pool.status() is None or not pool.alive[0]  # the owner's death is noticed on the next call
-    pool.score_and_add([2])
-    pool.settle()
+    pool.deliver([2])
+    settled(pool)
     assert pool.alive == [False, True, True] and pool.failures == 1
     assert pool.owner == 1 and "drafter worker 0" in pool.last_error
     assert "load_weights" in ray.get(workers[1].get_calls.remote())
@@ -179,8 +200,8 @@ def test_losing_every_worker_leaves_the_pool_unavailable_not_raising(workers):
     pool = DrafterPool(workers, call_timeout_s=20)
     for worker in workers:
         kill_and_wait(worker)
-    pool.score_and_add([1])
-    assert pool.settle() is None
+    pool.deliver([1])
+    settled(pool)
     assert not pool.available and pool.failures == 3
     assert pool.start([0, 1, 2]) is None and pool.stop() is None and pool.latest_weights() is None
 
@@ -195,43 +216,41 @@ def test_a_failed_checkpoint_is_reported_and_costs_no_worker(workers):
     assert pool.alive == [True, True, True] and pool.failures == 0
 
 
-def test_a_checkpoint_taken_while_the_owner_scores_waits_for_it_and_carries_the_drafter(workers):
-    """The slow host's race, forced: verl saves while the owner still scores the step's captures."""
+def test_a_checkpoint_taken_while_the_owner_is_busy_waits_for_it_and_carries_the_drafter(workers):
+    """verl saves while the owner still runs a queued call (held open here, so on any host)."""
     gate = Gate.remote()
     pool = DrafterPool(workers)
-    pool.score_and_add([gate, 1])
+    pool.deliver([gate, 1])
     pool.save("/ckpt/step_2")
-    assert pool.busy(0)  # the score is held open: the save is queued behind it
+    assert pool.busy(0)  # the call is held open: the save is queued behind it
     ray.get(gate.open.remote())
     result = pool.wait_for_save()
     assert result.saved and result.rank == 0 and result.info == {"version": 0, "total_steps": 0}
-    assert ray.get(workers[0].get_calls.remote()) == ["evaluate", "add", "save"]  # scored, stored, then saved
-    assert pool.settle() == {"held_before": 0.0, "version": 0.0} and all(pool.alive) and pool.failures == 0
+    assert ray.get(workers[0].get_calls.remote()) == ["receive", "save"]  # stored, then saved
+    settled(pool)
+    assert all(pool.alive) and pool.failures == 0
 
 
 def test_a_checkpoint_whose_owner_stays_busy_past_the_limit_fails_loudly_and_keeps_the_worker(workers):
     gate = Gate.remote()
     pool = DrafterPool(workers, call_timeout_s=0.5)
-    pool.score_and_add([gate])
+    pool.deliver([gate])
     pool.save("/ckpt/step_2")
     result = pool.wait_for_save(timeout_s=0.5)
-    assert not result.saved and "drafter worker 0 was still scoring the drafter" in result.reason
+    assert not result.saved and "drafter worker 0 was still busy with its earlier calls" in result.reason
     assert result.waited_s >= 0.5  # the step waited that long: tlt/drafter/checkpoint_wait_s says so
     assert all(pool.alive) and pool.failures == 0 and pool.busy(0)  # busy is not dead; nothing queues behind it
     assert pool.start([0]) is None
     ray.get(gate.open.remote())
-    deadline = time.monotonic() + 30
-    while pool.busy(0):
-        assert time.monotonic() < deadline, "the held score never finished"
-        time.sleep(0.05)
-    pool.settle()
+    settled(pool)
     pool.save("/ckpt/step_3")
     assert pool.wait_for_save().saved and all(pool.alive)
 
 
 def test_a_checkpoint_preempts_a_running_burst_and_its_report_still_reaches_the_coordinator(workers):
     pool = DrafterPool(workers)
-    pool.score_and_add([1])
+    pool.deliver([1])
+    settled(pool)
     assert pool.start([1]) == 1
     pool.save("/ckpt/step_2")
     result = pool.wait_for_save()
@@ -265,23 +284,6 @@ def test_an_unreadable_checkpoint_keeps_every_worker_and_its_drafter(workers):
     assert pool.load("/ckpt/step_2", 7, 100) is True and pool.status()["version"] == 7
 
 
-def test_a_slow_score_is_late_not_a_lost_worker(workers):
-    pool = DrafterPool(workers, call_timeout_s=0.5)
-    pool.score_and_add(["slow"])
-    assert pool.settle() is None and pool.late_scores == 1
-    assert all(pool.alive) and pool.failures == 0  # busy scoring is not dead
-    assert pool.busy(0) and pool.start([0]) is None  # no burst queues behind the late score
-    assert pool.status() is None  # the owner's last status (none yet): a status call would queue behind too
-    pool.score_and_add([1])  # the next step's samples are added; it is not scored while the last score runs
-    deadline = time.monotonic() + 30
-    while pool.busy(0):
-        assert time.monotonic() < deadline, "the slow score never finished"
-        time.sleep(0.1)
-    assert pool.settle() is None  # the late score is stale by now: dropped, not reported as this step's
-    assert all(pool.alive) and ray.get(workers[0].get_calls.remote()).count("evaluate") == 1
-    assert pool.start([0]) == 0  # free again
-
-
 def test_an_injected_out_of_memory_in_a_real_worker_ends_the_burst_and_the_pool_goes_on(ray_cluster, tmp_path_factory):
     """A real DrafterWorker actor whose first burst runs out of device memory: the pool keeps it, the next burst
     trains (what keeps the RL run going: no exception reaches the trainer, no worker is lost)."""
@@ -307,8 +309,13 @@ def test_an_injected_out_of_memory_in_a_real_worker_ends_the_burst_and_the_pool_
     ]
     try:
         pool = DrafterPool(actors)
-        pool.score_and_add([sample])
+        pool.deliver([sample])
+        settled(pool)
         assert pool.start([0]) == 0
+        deadline = time.monotonic() + 60
+        while pool.status()["running"]:  # the burst scores the sample first, then its first step raises
+            assert time.monotonic() < deadline, "hang guard: the injected out-of-memory burst did not end in 60 s"
+            time.sleep(0.05)
         status = pool.stop()
         assert status["memory_stops"] == 1 and status["burst_steps"] == 0 and "out of memory" in status["last_error"]
         assert all(pool.alive) and pool.failures == 0

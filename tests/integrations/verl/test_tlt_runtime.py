@@ -74,8 +74,8 @@ class FakePool:
     def update_target_weights(self, named):
         self.calls.append(("targets", dict(named)))
 
-    def score_and_add(self, samples):
-        self.calls.append(("score_and_add", len(samples)))
+    def deliver(self, samples):
+        self.calls.append(("deliver", len(samples)))
 
     def latest_weights(self):
         return self.version, {"w": self.version}
@@ -88,7 +88,7 @@ class FakePool:
 
     def wait_for_save(self):
         if not self.saved:
-            return SaveResult(False, "drafter worker 0 was still scoring the drafter after 600 s", 0)
+            return SaveResult(False, "drafter worker 0 was still busy with its earlier calls after 600 s", 0)
         return SaveResult(True, "", 0, {"version": self.version, "total_steps": 10}, 2.5)
 
 
@@ -123,7 +123,10 @@ def test_the_drafter_meta_file_is_written_only_after_a_successful_save(runtime, 
     runtime.wait_for_save()
     assert not (tmp_path / "global_step_2" / tlt_runtime.CHECKPOINT_DIR / tlt_runtime.META_FILE).exists()
     assert runtime.pop_metrics()["tlt/drafter/checkpoint_failures"] == 1.0
-    assert "not saved with verl's checkpoint of step 2" in caplog.text and "still scoring the drafter" in caplog.text
+    assert (
+        "not saved with verl's checkpoint of step 2" in caplog.text
+        and "still busy with its earlier calls" in caplog.text
+    )
 
 
 def test_a_resume_says_which_steps_drafter_it_took(runtime, tmp_path, caplog):
@@ -154,9 +157,9 @@ def test_after_a_resume_the_workers_get_the_policys_shared_weights_before_scorin
     runtime.actor_wg = SimpleNamespace(tlt_pop_captured=lambda: [([sample], {"seconds": 0.01})])
     runtime._worker_targets_stale = True  # what setup sets after restoring a checkpoint
     runtime.collect_capture()
-    assert runtime.pool.calls == [("targets", {"model.embed_tokens.weight": "policy"}), ("score_and_add", 1)]
+    assert runtime.pool.calls == [("targets", {"model.embed_tokens.weight": "policy"}), ("deliver", 1)]
     runtime.collect_capture()  # once only: afterwards on_step_end keeps them current
-    assert runtime.pool.calls[-1] == ("score_and_add", 1) and len(runtime.pool.calls) == 3
+    assert runtime.pool.calls[-1] == ("deliver", 1) and len(runtime.pool.calls) == 3
 
 
 def test_record_dir_saves_each_steps_captures_with_the_weights_its_rollout_used(monkeypatch, tmp_path, caplog):
@@ -235,8 +238,12 @@ def start_workers(monkeypatch, tmp_path, replica_devices: list[list[str]], draft
     )
     runtime = TLTRuntime(config=config, tlt=tlt)
     runtime.servers = [
-        SimpleNamespace(__ray_call__=Remote(lambda fn: fn(None)), accelerator_ids=Remote(lambda d=d: d))
-        for d in replica_devices
+        SimpleNamespace(
+            __ray_call__=Remote(lambda fn: fn(None)),
+            accelerator_ids=Remote(lambda d=d: d),
+            cpu_cores=Remote(lambda rank=rank: [rank]),  # each CPU replica pinned to a core of its own
+        )
+        for rank, d in enumerate(replica_devices)
     ]
     assert len(runtime._make_workers("target")) == len(replica_devices)
     return started
@@ -246,6 +253,7 @@ def test_drafter_workers_start_beside_their_replicas_with_the_configured_nicenes
     started = start_workers(monkeypatch, tmp_path, [[], []], {"cpu_niceness": 3})
     assert [kwargs["cpu_niceness"] for _, kwargs in started] == [3, 3]
     assert [kwargs["num_threads"] for _, kwargs in started] == [2, 2]  # as many threads as the replica's engine
+    assert [kwargs["cpu_cores"] for _, kwargs in started] == [[0], [1]]  # pinned to its replica's cores
     assert [kwargs["rank"] for _, kwargs in started] == [0, 1]
     assert all(options["num_cpus"] == 0 for options, _ in started)
     assert started[1][1]["checkpoint_dir"] == str(tmp_path / "tlt_spot" / "worker_1")
@@ -257,6 +265,7 @@ def test_drafter_workers_start_beside_their_replicas_with_the_configured_nicenes
 def test_drafter_workers_of_gpu_replicas_train_on_their_replicas_first_gpu(monkeypatch, tmp_path):
     started = start_workers(monkeypatch, tmp_path, [["4", "5"], ["6", "7"]], {})
     assert [kwargs["device"] for _, kwargs in started] == ["cuda:0", "cuda:0"]
+    assert [kwargs["cpu_cores"] for _, kwargs in started] == [None, None]  # a GPU's worker is not pinned
     envs = [options["runtime_env"]["env_vars"] for options, _ in started]
     assert [env["CUDA_VISIBLE_DEVICES"] for env in envs] == ["4", "6"]
     assert all(env["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] == "1" for env in envs)

@@ -53,6 +53,11 @@ class RolloutControl(Protocol):
         on CPU): where its drafter worker trains (``control.placement``)."""
         ...
 
+    def cpu_cores(self) -> list[int]:
+        """The CPU cores this replica's server is pinned to (empty: not pinned), where its drafter worker is pinned
+        too (``control.placement``)."""
+        ...
+
     def free_for_training(self) -> bool:
         """The replica has drained: free what the drafter's burst can use (its KV cache); True if anything was."""
         ...

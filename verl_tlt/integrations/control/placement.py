@@ -11,6 +11,15 @@ CUDA context on that GPU (a few hundred MiB), and the drained engine must free m
 (``free_for_training`` in the control contract). A replica spanning several GPUs (tensor parallel) trains the
 one-layer drafter on its first GPU only.
 
+On CPU a replica's "accelerator" is its share of the node's cores. Each torch rollout server pins itself to an
+equal, contiguous share (`replica_cpu_cores`: replica i of n on a node with c cores gets cores [i*c/n, (i+1)*c/n)),
+and its drafter worker is pinned to the same cores, so a burst on a drained replica trains on that replica's cores
+only and never slows a replica still decoding (the OS would otherwise run it wherever a core looked free, the
+decoding one included). The CPU quickstart's layout, 2 replicas on 2 cores, gives each replica and its worker one
+core. With fewer cores than replicas, replica i shares core i mod c with the others mapped there: pinned, but no
+longer alone. The actor's update runs while the replicas sleep and their workers idle (a worker works only in a
+burst), so neither competes with it.
+
 Pure: no Ray, no torch; the runtime passes what the replica's server reports.
 """
 
@@ -64,3 +73,17 @@ def place_worker(setting: str, replica_devices: Sequence[str], replica_rank: int
 def visible_devices(environ_value: str | None) -> list[str]:
     """The device ids in a ``CUDA_VISIBLE_DEVICES`` value (none when unset or empty)."""
     return [part.strip() for part in (environ_value or "").split(",") if part.strip()]
+
+
+def replica_cpu_cores(available: Sequence[int], index: int, count: int) -> list[int]:
+    """The cores of replica `index` of the `count` rollout replicas on a node whose processes may run on `available`:
+    an equal, contiguous share each (the last ones take the remainder); with fewer cores than replicas, the single
+    core `available[index % len(available)]`, shared."""
+    cores = sorted(set(available))
+    if not cores:
+        raise ValueError("replica_cpu_cores needs at least one available core")
+    if count < 1 or not 0 <= index < count:
+        raise ValueError(f"replica index {index} is not one of {count} replicas on the node")
+    if len(cores) < count:
+        return [cores[index % len(cores)]]
+    return cores[index * len(cores) // count : (index + 1) * len(cores) // count]

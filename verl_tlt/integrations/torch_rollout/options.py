@@ -32,6 +32,14 @@ class TorchServerOptions:
             "(TLT) trains with as many."
         },
     )
+    cpu_affinity: bool = field(
+        default=True,
+        metadata={
+            "help": "Pin each replica's server to an equal share of its node's cores (replica i of n on c cores: "
+            "cores [i*c/n, (i+1)*c/n); one shared core each where c < n), and its TLT drafter worker to the same, so "
+            "a burst on a drained replica never takes a core another replica decodes on. false = the OS places them."
+        },
+    )
     max_num_seqs: int | None = field(
         default=None,
         metadata={

@@ -44,13 +44,24 @@ class TorchReplica(RolloutReplica):
                 max_concurrency=self.max_concurrency,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
             )
-            .remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank)
+            .remote(
+                config=self.config,
+                model_config=self.model_config,
+                replica_rank=self.replica_rank,
+                node_slot=self.node_slot(),
+            )
         )
         await server.init_engine.remote()
         self.servers = [server]
         self._server_handle = server
         # No HTTP endpoint: verl only needs a unique key per replica for its load balancer.
         self._server_address = f"torch-rollout-{name}"
+
+    def node_slot(self) -> tuple[int, int]:
+        """(this replica's index among the replicas on its node, how many there are): verl places one replica per
+        `world_size` devices, `gpus_per_node` of them a node (on CPU, the cpu platform's device slots)."""
+        per_node = max(1, self.gpus_per_node // self.world_size)
+        return self.replica_rank % per_node, per_node
 
     async def sleep(self) -> None:
         await self.servers[0].wait_for_requests_to_drain.remote()

@@ -18,9 +18,11 @@ from typing import Any
 import torch
 
 from verl_tlt.config import TLTConfig, rollout_tlt_view
+from verl_tlt.cpu_affinity import available_cores, pin_process
 from verl_tlt.engine import CompletionOutput, GroupDrafts, RolloutEngine, SamplingParams
 from verl_tlt.engine.drafts.self_test import DrafterSelfTest
 from verl_tlt.integrations.control.bookkeeping import RolloutBookkeeping
+from verl_tlt.integrations.control.placement import replica_cpu_cores
 from verl_tlt.integrations.torch_rollout.options import engine_config, torch_rollout_config
 from verl_tlt.metrics.rollout_trace import RolloutTrace, append_jsonl, weights_sha256
 from verl_tlt.modeling.model import UnsupportedModelError
@@ -52,11 +54,15 @@ def resolve_dtype(name: str) -> torch.dtype:
 class TorchRolloutServer(RolloutBookkeeping):
     """Ray actor (created by TorchReplica) owning one RolloutEngine; implements control.contract.RolloutControl."""
 
-    def __init__(self, config, model_config, replica_rank: int):
+    def __init__(self, config, model_config, replica_rank: int, node_slot: tuple[int, int] | None = None):
+        """node_slot: (this replica's index among the replicas on its node, how many there are): its share of the
+        node's cores (`control.placement.replica_cpu_cores`); None = unpinned."""
         from verl.utils.config import omega_conf_to_dataclass
         from verl.workers.config import HFModelConfig
 
         self.config, self.replica_rank = config, replica_rank
+        self.node_slot = node_slot
+        self._cpu_cores: list[int] = []
         self.model_config = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
         self.global_steps: int | None = None
         self.engine: RolloutEngine | None = None
@@ -79,6 +85,7 @@ class TorchRolloutServer(RolloutBookkeeping):
     def init_engine(self) -> None:
         options = torch_rollout_config(self.config)
         self._trace_path = options.trace_path
+        self._pin_to_cores(options.cpu_affinity)
         torch.set_num_threads(options.num_threads)
         tlt = rollout_tlt_view(self.config)
         group_drafts, policy = tlt_speculation(tlt)
@@ -282,6 +289,25 @@ class TorchRolloutServer(RolloutBookkeeping):
 
     def accelerator_ids(self) -> list[str]:
         return []  # verl's torch rollout runs on the host CPU
+
+    def cpu_cores(self) -> list[int]:
+        return list(getattr(self, "_cpu_cores", []))
+
+    def _pin_to_cores(self, enabled: bool) -> None:
+        """This replica's share of its node's cores (control.placement), where the replica knows its slot."""
+        slot = getattr(self, "node_slot", None)
+        if not enabled or slot is None:
+            return
+        index, count = slot
+        cores = replica_cpu_cores(available_cores(), index, count)
+        self._cpu_cores = pin_process(cores)
+        logger.info(
+            "torch rollout server %d pinned to CPU cores %s (replica %d of %d on its node)",
+            self.replica_rank,
+            self._cpu_cores,
+            index + 1,
+            count,
+        )
 
     def free_for_training(self) -> bool:
         """The replica drained: give its KV cache back to the host for the drafter's burst (True if freed)."""

@@ -134,4 +134,9 @@ class SpotCoordinator:
                 metrics[f"tlt/spot/{key}"] = max(burst.get(key, 0.0) for burst in self._bursts)
         if steps:
             metrics["tlt/drafter/step_s"] = sum(b.get("burst_seconds", 0.0) for b in self._bursts) / steps
+        # The scores a burst took before training: of the newest captures the drafter had not trained on (eval_step
+        # says whose), reported with the step whose rollout the burst ran in.
+        scored = [burst["scores"] for burst in self._bursts if burst.get("scores")]
+        if scored:
+            metrics.update({f"tlt/drafter/eval_{key}": float(value) for key, value in scored[-1].items()})
         return metrics

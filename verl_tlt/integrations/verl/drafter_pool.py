@@ -2,8 +2,10 @@
 
 Every worker holds the same data buffer (samples are broadcast); the owner is the worker that trained last and
 holds the authoritative drafter. Starting training on another worker first hands the training state over, so the
-drafter has one history. A worker that dies or stops answering is dropped and logged (one still finishing a slow
-score is busy, not lost: `settle` carries its calls over and nothing else queues behind them); if it was the owner, the
+drafter has one history. Nothing the pool asks of a worker between rollouts makes the RL step wait: samples and the
+policy's weights are queued and collected later, and a worker scores and trains only in bursts. A worker that dies
+or stops answering is dropped and logged (one still running a queued call is busy, not lost: `settle` carries its
+calls over and nothing else queues behind them); if it was the owner, the
 next worker continues from the last published weights (what the rollout replicas already run). With no workers
 left, spot training is off for the rest of the run and the replicas keep their last drafter: the RL run never
 fails because of the drafter. A verl checkpoint always carries the drafter: its save queues behind whatever the
@@ -29,8 +31,8 @@ logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
 # How long a call to a drafter worker may take before the worker is given up (a stop waits for one optimizer
 # step; a hung worker must not hang the RL step).
 CALL_TIMEOUT_S = 120.0
-# How long a checkpoint waits for the owner to finish what was queued before it (a score is bounded by
-# tlt.drafter.eval_max_seconds) and to write the drafter; verl's own save of the actor runs meanwhile.
+# How long a checkpoint waits for the owner to finish what was queued before it (samples, the policy's weights) and
+# to write the drafter; verl's own save of the actor runs meanwhile.
 SAVE_TIMEOUT_S = 600.0
 SAVE_PROGRESS_S = 10.0
 
@@ -82,11 +84,9 @@ class DrafterPool:
         self.save_timeout_s = save_timeout_s
         self._saving: PendingSave | SaveFailed | None = None
         self._stopped_for_save: dict | None = None  # the report of a burst that a checkpoint preempted
-        self._pending: list[tuple[int, Any]] = []  # (rank, call) not collected yet: score_and_add's, a late save's
-        self._scoring: tuple[int, Any] | None = None
-        self._late = False  # the pending score missed its step's settle
+        # (rank, call) not collected yet: deliver's, update_target_weights', a save that outlasted its wait
+        self._pending: list[tuple[int, Any]] = []
         self._last_status: dict | None = None
-        self.late_scores = 0
         self._lock = threading.RLock()
 
     @property
@@ -95,61 +95,38 @@ class DrafterPool:
 
     # ----- data ------------------------------------------------------------------------------------------------
 
-    def score_and_add(self, samples: list) -> None:
-        """Queue, without waiting: the owner scores its drafters on `samples` (before it holds them), then every
-        live worker adds the same samples in the same order. `settle()` collects the outcome.
+    def deliver(self, samples: list) -> None:
+        """Queue, without waiting: every live worker stores `samples` in the same order (`DrafterWorker.receive`,
+        cheap) and keeps them as the set its next burst scores the drafter on. `settle()` collects the calls.
 
-        Off the trainer's critical path: a worker runs its calls in order, so everything queued here is done
-        before the worker's next call (e.g. a spot-training start) runs. While an earlier score is still running
-        (`settle` found it late) this step is not scored: its samples are only added.
+        Nothing here runs the drafter: scoring and training happen in bursts, on drained replicas during a rollout,
+        so nothing of the drafter's competes with the actor update or makes the step's end wait.
         """
         if not samples:
             return
         with self._lock:
             ref = ray.put(samples)
-            if self.alive[self.owner] and not self._late:
-                self._scoring = (self.owner, self.workers[self.owner].evaluate.remote(ref))
             for rank, worker in self._live():
-                self._pending.append((rank, worker.add_samples.remote(ref)))
+                self._pending.append((rank, worker.receive.remote(ref)))
 
-    def settle(self) -> dict | None:
-        """Wait for the queued calls; the owner's scores of the last `score_and_add`, if any.
-
-        A score not back within the call timeout is late, not a failure: the worker is busy scoring (its score is
-        time-bounded, `tlt.drafter.eval_max_seconds`), and only a worker that died is dropped. Its score and the
-        calls queued behind it stay pending (collected, or dropped as stale, by a later settle), counted in
-        `late_scores`, and no burst starts on it until they are done.
-        """
+    def settle(self) -> None:
+        """Collect the queued calls that have finished, without waiting for the others: a worker still running one
+        (a checkpoint's write) is busy, not lost, and no burst starts on it until its calls are done; one that
+        died is dropped when its call is collected."""
         with self._lock:
-            if self._scoring is not None:
-                rank, call = self._scoring
-                ready, _ = ray.wait([call], timeout=self.call_timeout_s)
-                if not ready and self.alive[rank]:
-                    self.late_scores += 1
-                    logger.warning(
-                        "TLT drafter worker %d has not finished scoring the drafter within %.0f s; the step goes on "
-                        "without its score (the worker is kept and finishes it)",
-                        rank,
-                        self.call_timeout_s,
-                    )
-                    self._late = True
-                    return None
-                scores = self._get(rank, call)
-                self._scoring = None
-                if self._late:  # a score that arrived after its step was reported: stale
-                    self._late, scores = False, None
-            else:
-                scores = None
-            pending, self._pending = self._pending, []
-            for rank, call in pending:
+            if not self._pending:
+                return
+            calls = [call for _, call in self._pending]
+            ready, _ = ray.wait(calls, num_returns=len(calls), timeout=0)
+            done = set(ready)
+            finished = [(rank, call) for rank, call in self._pending if call in done]
+            self._pending = [(rank, call) for rank, call in self._pending if call not in done]
+            for rank, call in finished:
                 self._get(rank, call)
-            return scores
 
     def busy(self, rank: int) -> bool:
-        """Whether calls queued on `rank` are still running: a late score, what score_and_add queued, a checkpoint."""
+        """Whether calls queued on `rank` are still running: deliver's, update_target_weights', a checkpoint."""
         calls = [call for r, call in self._pending if r == rank]
-        if self._scoring is not None and self._scoring[0] == rank:
-            calls.append(self._scoring[1])
         if isinstance(self._saving, PendingSave) and self._saving.rank == rank:
             calls += [self._saving.save_call, self._saving.done_call]
         if not calls:
@@ -158,9 +135,12 @@ class DrafterPool:
         return len(ready) < len(calls)
 
     def update_target_weights(self, named_tensors: dict) -> None:
+        """Queue the policy's shared weights on every live worker, without waiting (a worker runs its calls in order,
+        so its next burst trains against them); `settle()` collects the calls."""
         with self._lock:
-            self.settle()
-            self._call_all("update_target_weights", ray.put(named_tensors))
+            ref = ray.put(named_tensors)
+            for rank, worker in self._live():
+                self._pending.append((rank, worker.update_target_weights.remote(ref)))
 
     # ----- training --------------------------------------------------------------------------------------------
 
@@ -177,7 +157,7 @@ class DrafterPool:
                 if not self.alive[rank] or self.busy(rank):
                     continue
                 if rank != self.owner and self.alive[self.owner] and self.busy(self.owner):
-                    continue  # the hand-over would queue behind the owner's late score
+                    continue  # the hand-over would queue behind the owner's unfinished calls
                 if rank != self.owner and not self._hand_over(rank):
                     continue
                 if prepare is not None:
@@ -202,7 +182,7 @@ class DrafterPool:
             return status
 
     def status(self) -> dict | None:
-        """The owner's status; while it finishes a late score, the last one it gave (a call would queue behind)."""
+        """The owner's status; while it runs queued calls, the last one it gave (a call would queue behind them)."""
         with self._lock:
             if not self.alive[self.owner]:
                 return None
@@ -227,8 +207,8 @@ class DrafterPool:
         """Queue the owner's checkpoint into `directory`, without waiting; `wait_for_save()` completes it.
 
         However busy the owner is, the drafter goes with verl's checkpoint: a burst still running is preempted first
-        (within one optimizer step; its report waits for the coordinator's `stop`), and a score still running keeps
-        the save queued behind it (a worker runs its calls in order), which `wait_for_save` waits for.
+        (within one optimizer step; its report waits for the coordinator's `stop`), and calls still running keep the
+        save queued behind them (a worker runs its calls in order), which `wait_for_save` waits for.
         """
         with self._lock:
             if self.training_on is not None:
@@ -239,9 +219,8 @@ class DrafterPool:
             rank, worker = self.owner, self.workers[self.owner]
             behind = None
             if self.busy(rank):
-                scoring = self._scoring is not None and self._scoring[0] == rank
-                behind = "scoring the drafter" if scoring else "its earlier calls"
-                logger.info("TLT: drafter worker %d is still %s; the checkpoint is queued behind it", rank, behind)
+                behind = "busy with its earlier calls"
+                logger.info("TLT: drafter worker %d is still %s; the checkpoint is queued behind them", rank, behind)
             self._saving = PendingSave(rank, worker.save.remote(directory), worker.wait_for_save.remote(), behind)
 
     def wait_for_save(self, timeout_s: float | None = None) -> SaveResult:
@@ -307,15 +286,6 @@ class DrafterPool:
 
     def _live(self) -> list[tuple[int, Any]]:
         return [(r, w) for r, w in enumerate(self.workers) if self.alive[r]]
-
-    def _call_all(self, method: str, *args) -> None:
-        """Call `method` on every live worker at once, then wait for each (losing the ones that fail)."""
-        calls = {rank: getattr(worker, method).remote(*args) for rank, worker in self._live()}
-        for rank, call in calls.items():
-            if self.busy(rank):  # it runs after the late score (a worker's calls keep their order): collected later
-                self._pending.append((rank, call))
-            else:
-                self._get(rank, call)
 
     def _hand_over(self, rank: int) -> bool:
         begin = time.monotonic()

@@ -152,7 +152,14 @@ class TLTRuntime:
             # On the replica's node, on its GPU where it has one (control.placement: verl's own way of reaching a
             # GPU its placement group holds); the actor asks Ray for no resources either way.
             placement = place_worker(self.tlt.drafter.device, ray.get(server.accelerator_ids.remote()), rank)
-            logger.info("TLT drafter worker %d trains on %s", rank, placement.describe())
+            # On CPU, the replica's own cores (placement.replica_cpu_cores): a burst never takes a decoding core.
+            cores = ray.get(server.cpu_cores.remote()) if placement.device == "cpu" else []
+            logger.info(
+                "TLT drafter worker %d trains on %s%s",
+                rank,
+                placement.describe(),
+                f", pinned to its replica's cores {cores}" if cores else "",
+            )
             options: dict = {}
             if placement.env_vars:
                 options["runtime_env"] = {"env_vars": placement.env_vars}
@@ -173,6 +180,7 @@ class TLTRuntime:
                     cpu_niceness=self.tlt.drafter.cpu_niceness,
                     checkpoint_dir=str(self._spot_checkpoint_root() / f"worker_{rank}"),
                     device=placement.device,
+                    cpu_cores=cores or None,
                 )
             )
             workers.append(worker)
@@ -265,10 +273,10 @@ class TLTRuntime:
         samples = [s for rank_samples, _ in results for s in rank_samples]
         if self._worker_targets_stale:  # the rollout just used the policy's weights: the replicas hold them
             self._push_target_weights()
-        # The owner first scores the online and the initial drafter on these fresh samples (the drift a frozen
-        # drafter would suffer, measured on the same data), then every worker stores them; both run on the
-        # workers while verl updates the actor, and are collected in on_step_end.
-        self.pool.score_and_add(samples)
+        # Every worker stores them (queued; nothing waits). The next burst, on a drained replica during the next
+        # rollout, first scores the online and the initial drafter on them (the drift a frozen drafter would suffer,
+        # measured on the same data) and reports it with the step it ends in (coordinator: tlt/drafter/eval_*).
+        self.pool.deliver(samples)
         if self.tlt.drafter.record_dir:
             self._record(samples)
         stats = [rank_stats for _, rank_stats in results if rank_stats]
@@ -295,10 +303,8 @@ class TLTRuntime:
 
     def on_step_end(self, step: int) -> None:
         waited = time.perf_counter()
-        scores = self.pool.settle() or {}
+        self.pool.settle()  # collects what finished; never waits for a worker
         self.metrics["tlt/capture/settle_s"] = time.perf_counter() - waited
-        for key, value in scores.items():
-            self.metrics[f"tlt/drafter/eval_{key}"] = float(value)
         if self._training:
             self._push_target_weights()
         status = self.pool.status() or {}
@@ -314,7 +320,7 @@ class TLTRuntime:
                 "tlt/drafter/worker_failures": float(self.pool.failures),
                 "tlt/drafter/handoff_s": self.pool.handoff_seconds,
                 "tlt/drafter/memory_stops": float(status.get("memory_stops", 0)),
-                "tlt/drafter/eval_late": float(self.pool.late_scores),
+                "tlt/drafter/eval_skipped": float(status.get("scores_skipped", 0)),
             }
         )
         if status.get("resident_gib") is not None:

@@ -182,6 +182,11 @@ class TLTvLLMHttpServer(RolloutBookkeeping, vLLMHttpServer):
 
         return visible_devices(os.environ.get(get_visible_devices_keyword()))
 
+    def cpu_cores(self) -> list[int]:
+        """Not pinned: vLLM's CPU build binds its own OpenMP threads (VLLM_CPU_OMP_THREADS_BIND), and a GPU replica's
+        drafter worker trains on the GPU; the drafter worker then runs where the OS places it."""
+        return []
+
     async def free_for_training(self) -> bool:
         """The replica drained: free its KV cache for the drafter's burst (sleep level 1 keeps the weights in host
         memory, and waking the weights alone brings them back without the KV cache). Only where verl sleeps and
