@@ -129,3 +129,19 @@ def test_drop_oldest_evicts_the_oldest_samples_until_the_share_is_gone():
     assert buffer.drop_oldest(0.25) == 2 and buffer.num_tokens == 70  # to at most 75 tokens: the 10 and the 20 go
     assert buffer.drop_oldest(1.0) == 2 and buffer.num_tokens == 0 and len(buffer) == 0
     assert buffer.drop_oldest(0.5) == 0
+
+
+def test_held_samples_stay_out_of_batches_until_released():
+    buffer = DrafterDataBuffer(max_tokens=1000)
+    buffer.add([marked_sample([1, 2, 3, 4], 1, step=0), marked_sample([5, 6, 7, 8], 1, step=0)], hold=[1])
+    assert buffer.held == {1}
+    for _ in range(3):  # however often the trainer draws, the held sample is not in a batch
+        assert buffer.next_batch(max_tokens_per_batch=8).sample_ids == [0]
+    assert buffer.release_held() == 1 and not buffer.held
+    assert buffer.next_batch(max_tokens_per_batch=4).sample_ids == [1]  # least used: its turn now
+
+
+def test_a_buffer_holding_only_held_samples_has_no_batch():
+    buffer = DrafterDataBuffer(max_tokens=1000)
+    buffer.add([marked_sample([1, 2, 3, 4], 1)], hold=[0])
+    assert buffer.next_batch(max_tokens_per_batch=8) is None

@@ -266,12 +266,14 @@ def run_burst(worker: DrafterWorker, steps_wanted: int = 2) -> dict:
 def test_receive_stores_now_and_the_next_burst_scores_before_it_trains(varied_qwen2, samples):
     worker = make_worker(varied_qwen2[0])
     assert worker.receive(stepped(samples, 3)) == len(samples) and len(worker.spot.trainer.buffer) == len(samples)
+    buffer = worker.spot.trainer.buffer
+    assert len(buffer.held) == 2  # whole samples holding at most half of the step's positions: 2 of 5 here
     report = run_burst(worker)
     scores = report["scores"]
-    assert scores["step"] == 3.0 and scores["samples"] == len(samples)
-    # Scored before the burst trained: the online drafter was still the initial one.
+    assert scores["step"] == 3.0 and scores["samples"] == 2 and scores["seconds"] > 0
+    # One group, scored before the burst's first step: the online drafter was still the initial one.
     assert scores["online_accept_prob"] == pytest.approx(scores["frozen_accept_prob"])
-    assert report["burst_steps"] >= 2
+    assert report["burst_steps"] >= 2 and not buffer.held  # scored: they train from now on
     assert "scores" not in run_burst(worker)  # scored once: the next burst only trains
 
 
@@ -291,8 +293,10 @@ def test_the_score_mark_moves_with_the_training_state(varied_qwen2, samples):
 def test_a_set_replaced_before_any_burst_scored_it_is_counted(varied_qwen2, samples):
     worker = make_worker(varied_qwen2[0])
     worker.receive(stepped(samples[:2], 1))
+    held_first = set(worker.spot.trainer.buffer.held)
     worker.receive(stepped(samples[2:], 2))
     assert worker.status()["scores_skipped"] == 1
+    assert held_first and not held_first & worker.spot.trainer.buffer.held  # released into training, unscored
     assert run_burst(worker)["scores"]["step"] == 2.0
 
 
@@ -396,6 +400,10 @@ def test_the_fault_comes_from_the_environment_unless_given(fed, exits, monkeypat
 def test_an_injected_out_of_memory_ends_that_burst_and_the_worker_trains_on(fed):
     worker = fed(fault="oom_on_start=1,exit_on_start=9")
     assert worker.start() is True
+    deadline = time.monotonic() + 60
+    while worker.spot.is_running:  # the first step raises and ends the burst (a stop now could come before it)
+        assert time.monotonic() < deadline, "hang guard: the injected out-of-memory burst did not end in 60 s"
+        time.sleep(0.002)
     status = worker.stop()
     assert status["burst_steps"] == 0 and status["memory_stops"] == 1 and status["version"] == 0
     assert "out of memory (injected" in status["last_error"]

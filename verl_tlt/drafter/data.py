@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -207,7 +207,8 @@ class DrafterDataBuffer:
 
     Batches favour what the drafter has trained on least, newest first, so fresh policy data is used as soon as
     it arrives while older samples fill the remaining budget. Samples longer than the batch budget are cut into
-    windows of that size (positions restart, so a window is trained as if it were a short sequence).
+    windows of that size (positions restart, so a window is trained as if it were a short sequence). Samples added
+    as held stay out of batches until `release_held()`: the ones a drafter worker scores the drafter on first.
     """
 
     def __init__(self, max_tokens: int):
@@ -220,21 +221,29 @@ class DrafterDataBuffer:
         self.num_tokens = 0
         self.num_evicted = 0
         self.num_rejected = 0  # samples refused for non-finite hidden states
+        self.held: set[int] = set()  # ids kept out of batches until release_held()
         # Capture adds samples while a spot trainer may be drawing batches in another thread.
         self._lock = threading.RLock()
 
     def __len__(self) -> int:
         return len(self.samples)
 
-    def add(self, samples: Iterable[DrafterSample]) -> int:
+    def add(self, samples: Iterable[DrafterSample], hold: Collection[int] = ()) -> int:
         """Add samples (skipping ones without any loss pair or with non-finite hidden states); evict the oldest to
-        stay in budget. Returns how many were added."""
+        stay in budget. hold: positions in `samples` kept out of batches until `release_held()`. Returns how many
+        were added."""
         with self._lock:
-            return self._add(samples)
+            return self._add(samples, frozenset(hold))
 
-    def _add(self, samples: Iterable[DrafterSample]) -> int:
+    def release_held(self) -> int:
+        """Let the held samples into batches; how many there were."""
+        with self._lock:
+            count, self.held = len(self.held), set()
+            return count
+
+    def _add(self, samples: Iterable[DrafterSample], hold: frozenset[int] = frozenset()) -> int:
         added = 0
-        for sample in samples:
+        for index, sample in enumerate(samples):
             if sample.num_tokens < 2 or sample.num_loss_pairs == 0:
                 continue
             if not bool(torch.isfinite(sample.hidden_states).all()):
@@ -243,12 +252,15 @@ class DrafterDataBuffer:
                 continue
             self.samples[self.next_id] = sample
             self.times_used[self.next_id] = 0
+            if index in hold:
+                self.held.add(self.next_id)
             self.num_tokens += sample.num_tokens
             self.next_id += 1
             added += 1
         while self.num_tokens > self.max_tokens and len(self.samples) > 1:
             old_id, old = self.samples.popitem(last=False)
             del self.times_used[old_id]
+            self.held.discard(old_id)
             self.num_tokens -= old.num_tokens
             self.num_evicted += 1
         return added
@@ -262,6 +274,7 @@ class DrafterDataBuffer:
             while self.samples and self.num_tokens > target:
                 old_id, old = self.samples.popitem(last=False)
                 del self.times_used[old_id]
+                self.held.discard(old_id)
                 self.num_tokens -= old.num_tokens
                 self.num_evicted += 1
                 dropped += 1
@@ -273,9 +286,9 @@ class DrafterDataBuffer:
             return self._next_batch(max_tokens_per_batch)
 
     def _next_batch(self, max_tokens_per_batch: int) -> PackedBatch | None:
-        if not self.samples:
+        order = sorted((i for i in self.samples if i not in self.held), key=lambda i: (self.times_used[i], -i))
+        if not order:
             return None
-        order = sorted(self.samples, key=lambda i: (self.times_used[i], -i))
         chosen, pieces, total = [], [], 0
         for sample_id in order:
             sample = _window(self.samples[sample_id], max_tokens_per_batch, self.times_used[sample_id])

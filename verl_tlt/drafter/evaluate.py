@@ -169,34 +169,77 @@ def evaluate_within(
     clock: Callable[[], float] = time.monotonic,
     should_stop: Callable[[], bool] | None = None,
 ) -> tuple[dict[str, dict[str, float]], int]:
-    """`evaluate_drafter` for every model on the same samples, a group of at most EVAL_GROUP_TOKENS tokens (or
-    `max_tokens_per_batch`, if fewer) at a time, until `max_seconds` have passed (0 = no limit; the first group is
-    always scored) or `should_stop()` says so (checked before every group, the first included); (scores per model
-    over the groups scored, samples scored).
+    """`evaluate_drafter` for every model on the same samples (a `ScoreRun` taken to its end at once): until
+    `max_seconds` have passed (0 = no limit; the first group is always scored) or `should_stop()` says so (checked
+    before every group, the first included); (scores per model over the groups scored, samples scored)."""
+    run = ScoreRun(models, samples, max_tokens_per_batch, max_seconds, clock)
+    while not (should_stop is not None and should_stop()) and run.step():
+        pass
+    return run.result()
 
-    Group by group, so each model is scored on exactly the samples the others were, whatever the time bound cut;
-    the shared noise restarts per group (the same for every model).
+
+class ScoreRun:
+    """Scoring a set of samples a group at a time, so the scoring can be spread between other work (a burst's
+    optimizer steps) and stop at any group: at most EVAL_GROUP_TOKENS tokens (or `max_tokens_per_batch`, if fewer)
+    a group, long samples in windows of that size.
+
+    Group by group, so each model is scored on exactly the samples the others were, whatever cut the scoring short;
+    the shared noise restarts per group (the same for every model). `max_seconds` bounds the seconds spent in
+    `step()` calls (0 = no limit; the first group is always scored).
     """
-    from verl_tlt.drafter.data import windows
 
-    begin = clock()
-    group_tokens = min(max_tokens_per_batch, EVAL_GROUP_TOKENS)
-    parts: dict[str, list[dict[str, float]]] = {name: [] for name in models}
-    # A long sample is scored in windows (as evaluate_drafter would), so that no group is longer than group_tokens;
-    # a sample counts as scored once its last window is.
-    pieces = [(index, piece) for index, whole in enumerate(samples) for piece in windows(whole, group_tokens)]
-    done = scored = 0  # pieces scored, and whole samples
-    for group in token_groups(pieces, group_tokens, size=lambda item: item[1].num_tokens):
-        if should_stop is not None and should_stop():
-            break
-        if done and max_seconds > 0 and clock() - begin >= max_seconds:
-            break
-        for name, model in models.items():
-            parts[name].append(evaluate_drafter(model, [piece for _, piece in group], max_tokens_per_batch))
-        done += len(group)
-        last = pieces[done - 1][0]
-        scored = last + 1 if done == len(pieces) or pieces[done][0] != last else last
-    return {name: merge_scores(found) for name, found in parts.items()}, scored
+    def __init__(
+        self,
+        models: dict[str, EagleDrafterModel],
+        samples: list,
+        max_tokens_per_batch: int,
+        max_seconds: float,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        from verl_tlt.drafter.data import windows
+
+        self.models, self.max_tokens_per_batch, self.max_seconds, self.clock = (
+            models,
+            max_tokens_per_batch,
+            max_seconds,
+            clock,
+        )
+        group_tokens = min(max_tokens_per_batch, EVAL_GROUP_TOKENS)
+        self.num_samples = len(samples)
+        # (sample index, window): a sample counts as scored once its last window is.
+        self.pieces = [(index, piece) for index, whole in enumerate(samples) for piece in windows(whole, group_tokens)]
+        self.groups = token_groups(self.pieces, group_tokens, size=lambda item: item[1].num_tokens)
+        self.parts: dict[str, list[dict[str, float]]] = {name: [] for name in models}
+        self.done = 0  # pieces scored
+        self.scored = 0  # whole samples scored
+        self.seconds = 0.0
+
+    @property
+    def finished(self) -> bool:
+        """Every group scored, or the time bound spent (after at least one group)."""
+        out_of_time = self.max_seconds > 0 and self.seconds >= self.max_seconds
+        return len(self.parts_scored()) == len(self.groups) or (bool(self.done) and out_of_time)
+
+    def parts_scored(self) -> list[dict[str, float]]:
+        return self.parts[next(iter(self.models))] if self.models else []
+
+    def step(self) -> bool:
+        """Score the next group with every model; False (and nothing scored) once `finished`."""
+        if self.finished:
+            return False
+        begin = self.clock()
+        group = self.groups[len(self.parts_scored())]
+        for name, model in self.models.items():
+            self.parts[name].append(evaluate_drafter(model, [piece for _, piece in group], self.max_tokens_per_batch))
+        self.seconds += self.clock() - begin
+        self.done += len(group)
+        last = self.pieces[self.done - 1][0]
+        self.scored = last + 1 if self.done == len(self.pieces) or self.pieces[self.done][0] != last else last
+        return True
+
+    def result(self) -> tuple[dict[str, dict[str, float]], int]:
+        """(scores per model over the groups scored, samples scored)."""
+        return {name: merge_scores(found) for name, found in self.parts.items()}, self.scored
 
 
 def merge_scores(parts: list[dict[str, float]]) -> dict[str, float]:
@@ -215,12 +258,19 @@ def merge_scores(parts: list[dict[str, float]]) -> dict[str, float]:
 def subsample_for_evaluation(samples: list, max_pairs: int) -> list:
     """Whole samples, evenly spaced over `samples`, holding about `max_pairs` response positions (all of them when
     they hold fewer): a step's score then costs about the same whatever it captured. Deterministic."""
+    return [samples[i] for i in evaluation_indices(samples, max_pairs)]
+
+
+def evaluation_indices(samples: list, max_pairs: int) -> list[int]:
+    """The positions in `samples` of `subsample_for_evaluation`'s choice (none when max_pairs < 1)."""
     total = sum(sample.num_loss_pairs for sample in samples)
-    if total <= max_pairs or not samples:
-        return list(samples)
+    if max_pairs < 1 or not samples:
+        return []
+    if total <= max_pairs:
+        return list(range(len(samples)))
     keep = max(1, round(len(samples) * max_pairs / total))
     stride = len(samples) / keep
-    return [samples[int(i * stride)] for i in range(keep)]
+    return [int(i * stride) for i in range(keep)]
 
 
 def estimated_acceptance_length(accuracy: float, depth: int) -> float:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 
 import torch
@@ -65,21 +65,26 @@ class SpotTrainer:
         self._result: dict = {}
 
     @property
+    def stop_event(self) -> threading.Event:
+        """Set while a burst is being stopped (work between its steps checks it)."""
+        return self._stop
+
+    @property
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def add_samples(self, samples: Iterable[DrafterSample]) -> int:
-        """Label and add captured samples; safe while training runs (the buffer locks itself, and a grown draft
-        vocabulary waits for the next optimizer step)."""
-        return self.trainer.add_samples(list(samples))
+    def add_samples(self, samples: Iterable[DrafterSample], hold: Collection[int] = ()) -> int:
+        """Label and add captured samples (those at positions `hold` kept out of training until the buffer releases
+        them); safe while training runs (the buffer locks itself, and a grown draft vocabulary waits for the next
+        optimizer step)."""
+        return self.trainer.add_samples(list(samples), hold)
 
-    def start(
-        self, max_steps: int | None = None, before_training: Callable[[threading.Event], None] | None = None
-    ) -> bool:
+    def start(self, max_steps: int | None = None, between_steps: Callable[[], None] | None = None) -> bool:
         """Begin background training; False if it is already running or there is nothing to train on.
 
-        before_training(stop): run first in the burst's thread, on the host (the worker scores its drafter there); it
-        must return soon after `stop` is set. An exception in it is logged and the burst trains anyway."""
+        between_steps(): called in the burst's thread before every optimizer step (the worker scores a group of
+        samples there); it should take about a step's time. An exception in it is logged, and it is not called
+        again in this burst, which trains on."""
         if self.is_running:
             return False
         if len(self.trainer.buffer) == 0:
@@ -95,7 +100,7 @@ class SpotTrainer:
         # Train with the intra-op thread count the caller set, not the process default (see engine.torch_threads).
         train = with_torch_threads(self._train)
         self._thread = threading.Thread(
-            target=train, args=(max_steps, before_training), name="drafter-spot-train", daemon=True
+            target=train, args=(max_steps, between_steps), name="drafter-spot-train", daemon=True
         )
         self._thread.start()
         return True
@@ -149,19 +154,14 @@ class SpotTrainer:
 
     # ----- internals -----------------------------------------------------------------------------------------
 
-    def _train(self, max_steps: int | None, before_training: Callable[[threading.Event], None] | None = None) -> None:
+    def _train(self, max_steps: int | None, between_steps: Callable[[], None] | None = None) -> None:
         stop = _StopOrOverBudget(self._stop, self.memory)
         timings: dict[str, float] = {}
-        if before_training is not None:
-            try:
-                before_training(self._stop)
-            except Exception:  # a failing score must not cost the burst, let alone the RL run
-                logger.exception("Drafter work before the burst's training failed; the burst trains anyway")
         try:
             begin = time.monotonic()
             self.trainer.to_device(self.device)  # onload (a no-op on the host)
             timings["onload_s"] = time.monotonic() - begin
-            report = self.trainer.train(stop=stop, max_steps=max_steps)
+            report = self.trainer.train(stop=stop, max_steps=max_steps, between_steps=_guarded(between_steps))
             self._result = {"report": report, "over_budget": stop.over_budget}
         except Exception as error:  # a failing drafter must never kill the RL run
             out_of_memory = is_out_of_memory(error)
@@ -230,6 +230,26 @@ class SpotTrainer:
 
     def _snapshot(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().to("cpu", copy=True) for k, v in self.trainer.model.state_dict().items()}
+
+
+def _guarded(work: Callable[[], None] | None) -> Callable[[], None] | None:
+    """`work`, which after its first exception (logged) does nothing for the rest of the burst: a failing score must
+    not cost the burst its training, let alone the RL run."""
+    if work is None:
+        return None
+    failed = False
+
+    def run() -> None:
+        nonlocal failed
+        if failed:
+            return
+        try:
+            work()
+        except Exception:
+            failed = True
+            logger.exception("Drafter work between the burst's steps failed; the burst trains on without it")
+
+    return run
 
 
 class _StopOrOverBudget:

@@ -24,6 +24,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -135,16 +136,17 @@ class DrafterTrainer:
 
     # ----- data -----------------------------------------------------------------------------------------------
 
-    def add_samples(self, samples: list[DrafterSample]) -> int:
+    def add_samples(self, samples: list[DrafterSample], hold: Collection[int] = ()) -> int:
         """Label `samples` (the target's sparse distribution, unless they carry it), choose or grow the draft
-        vocabulary from their response tokens, and add them to the buffer; returns how many were added.
+        vocabulary from their response tokens, and add them to the buffer (those at positions `hold` kept out of
+        batches until the buffer releases them); returns how many were added.
 
         Safe while training runs in another thread: a grown map takes effect at the next step's start.
         """
         samples = [self._prepared(sample) for sample in samples]
         if self.config.draft_vocab_size > 0 and samples:
             self._update_draft_vocab(samples)
-        return self.buffer.add(samples)
+        return self.buffer.add(samples, hold)
 
     def _prepared(self, sample: DrafterSample) -> DrafterSample:
         """The sample as the buffer keeps it: labelled (with teacher_top_k > 0) from the target's final hidden state,
@@ -201,11 +203,14 @@ class DrafterTrainer:
         max_steps: int | None = None,
         deadline: float | None = None,
         progress: Progress | None = None,
+        between_steps: Callable[[], None] | None = None,
     ) -> TrainReport:
         """Run optimizer steps until max_steps, `stop` is set, time.monotonic() passes deadline, or no data.
 
         The checks happen before every step, so once told to stop this returns within one step's time.
         progress: told the optimizer steps taken after every step, with the last step's loss (long offline runs).
+        between_steps: called before every step, after the checks (a worker scores a group of samples there): a
+        stop then waits for at most one step or one such call.
         """
         report, start = TrainReport(), time.monotonic()
         while True:
@@ -218,6 +223,11 @@ class DrafterTrainer:
             if max_steps is not None and report.steps + report.skipped_steps >= max_steps:
                 report.stopped_by = "max_steps"
                 break
+            if between_steps is not None:
+                between_steps()
+                if stop is not None and stop.is_set():
+                    report.stopped_by = "stop"
+                    break
             batch = self.buffer.next_batch(self.config.max_tokens_per_batch)
             if batch is None:
                 report.stopped_by = "no_data"

@@ -27,7 +27,7 @@ import torch
 from verl_tlt.config import DrafterConfig
 from verl_tlt.cpu_affinity import pin_process
 from verl_tlt.drafter.data import DrafterSample
-from verl_tlt.drafter.evaluate import evaluate_within, subsample_for_evaluation
+from verl_tlt.drafter.evaluate import ScoreRun, evaluate_within, evaluation_indices, subsample_for_evaluation
 from verl_tlt.drafter.memory_budget import MemoryBudget, budget_bytes
 from verl_tlt.drafter.spot import SpotTrainer
 
@@ -90,7 +90,8 @@ class DrafterWorker:
         self.spot = SpotTrainer(model, config, seed=seed, checkpoint_dir=checkpoint_dir, memory=memory, device=device)
         self._fault = fault if fault is not None else os.environ.get(FAULT_ENV, "")
         self._starts = 0
-        self._to_score: tuple[int, list[DrafterSample]] | None = None  # (RL step, samples) the next burst scores
+        self._to_score: tuple[int, list[DrafterSample]] | None = None  # (RL step, held samples) bursts score next
+        self._score_run: ScoreRun | None = None  # its scoring, group by group, across bursts
         self._scored_step = -1  # the newest RL step whose captures a burst scored (moves with the training state)
         self._burst_scores: dict[str, float] | None = None
         self.scores_skipped = 0
@@ -101,18 +102,30 @@ class DrafterWorker:
         return self.spot.add_samples(samples)
 
     def receive(self, samples: list[DrafterSample]) -> int:
-        """A step's fresh captures: stored now (cheap: the actor labelled them at capture) and kept, subsampled to
-        `eval_max_pairs` positions, as the set the next burst scores the drafter on before it trains on them.
+        """A step's fresh captures, stored now (cheap: the actor labelled them at capture). Up to `eval_max_pairs`
+        response positions of them (whole samples, evenly spaced, at most half of the step's) are held out of
+        training as the set the next bursts score the drafter on, between their optimizer steps, and join training
+        once scored.
 
-        Off the RL step's path: nothing is scored here. A set replaced before any burst scored it is counted
-        (`scores_skipped`); the drafter then trains on it unscored. Returns how many samples were stored."""
+        Off the RL step's path: nothing is scored here. A set replaced before the bursts finished scoring it is
+        released into training unscored and counted (`scores_skipped`). Returns how many samples were stored."""
         samples = list(samples)
+        held: list[int] = []
         if self.config.eval_max_pairs > 0 and samples:
-            if self._to_score is not None and self._to_score[0] > self._scored_step:
+            self._drop_unscored()
+            half = sum(sample.num_loss_pairs for sample in samples) // 2
+            held = evaluation_indices(samples, min(self.config.eval_max_pairs, half))
+            if held:
+                self._to_score = (max(sample.step for sample in samples), [samples[i] for i in held])
+        return self.spot.add_samples(samples, hold=held)
+
+    def _drop_unscored(self) -> None:
+        """The held set's scoring will not finish: its samples train unscored from now on."""
+        if self._to_score is not None:
+            if self._to_score[0] > self._scored_step:
                 self.scores_skipped += 1
-            step = max(sample.step for sample in samples)
-            self._to_score = (step, subsample_for_evaluation(samples, self.config.eval_max_pairs))
-        return self.spot.add_samples(samples)
+            self._to_score, self._score_run = None, None
+            self.spot.trainer.buffer.release_held()
 
     def evaluate(self, samples: list[DrafterSample]) -> dict[str, float]:
         """Score the current drafter and the initial (frozen) one on samples neither has trained on.
@@ -156,13 +169,14 @@ class DrafterWorker:
         self._starts += 1
         self._maybe_crash()
         self._burst_scores = None
-        return self.spot.start(before_training=self._score_received)
+        return self.spot.start(between_steps=self._score_between_steps)
 
     def stop(self) -> dict[str, Any]:
         """Preempt training (within one optimizer step, or one score group) and report what this burst did: with
         `scores` (`evaluate`'s keys and `step`, the RL step whose captures they score) if it scored."""
         begin = time.monotonic()
         report = self.spot.stop()
+        self.frozen.to("cpu")  # a burst on an accelerator scored with it there
         status = self.status()
         status["stop_latency_s"] = time.monotonic() - begin
         status["burst_steps"] = report.steps if report is not None else 0
@@ -179,16 +193,35 @@ class DrafterWorker:
             **self.spot.status(),
         }
 
-    def _score_received(self, stop: threading.Event) -> None:
-        """In the burst's thread, before it trains: score the drafter on the newest received set, if no burst (of any
-        worker: the mark moves with the training state) has scored it yet."""
-        if self._to_score is None or self._to_score[0] <= self._scored_step:
+    def _score_between_steps(self) -> None:
+        """In the burst's thread, before each optimizer step: score the held set one group further (with the drafter
+        as it is then), unless a burst (of any worker: the mark moves with the training state) has scored it. Once
+        done, the set's scores are this burst's and its samples join training."""
+        if self._to_score is None:
             return
         step, samples = self._to_score
-        scores = self._scores(samples, stop)
-        if scores and scores.get("samples", 0) > 0:
-            self._burst_scores = {**scores, "step": float(step)}
-            self._scored_step = step
+        if step <= self._scored_step:
+            self._to_score, self._score_run = None, None
+            self.spot.trainer.buffer.release_held()
+            return
+        if self._score_run is None:
+            self._maybe_hold_score(samples, self.spot.stop_event)
+            if self.spot.stop_event.is_set():
+                return
+            # The frozen drafter's own layer where the burst trains (the shared target parts are there already).
+            self.frozen.to(self.spot.trainer.device)
+            models = {"online": self.spot.trainer.model, "frozen": self.frozen}
+            budget = self.config.eval_max_seconds
+            self._score_run = ScoreRun(models, samples, self.config.max_tokens_per_batch, budget)
+        run = self._score_run
+        if run.step() and not run.finished:
+            return
+        scores, scored = run.result()
+        flat = {f"{name}_{key}": value for name, found in scores.items() for key, value in found.items()}
+        self._burst_scores = {**flat, "samples": float(scored), "seconds": run.seconds, "step": float(step)}
+        self._scored_step = step
+        self._to_score, self._score_run = None, None
+        self.spot.trainer.buffer.release_held()
 
     # ----- the authoritative state -----------------------------------------------------------------------------
 
@@ -210,6 +243,9 @@ class DrafterWorker:
         self.spot.trainer.load_state_dict(state)
         self.spot.adopt(state["version"], state["total_steps"])
         self._scored_step = max(self._scored_step, state.get("scored_step", -1))
+        if self._to_score is not None and self._to_score[0] <= self._scored_step:  # scored by the last owner
+            self._to_score, self._score_run = None, None
+            self.spot.trainer.buffer.release_held()
 
     def load_weights(self, version: int, weights: dict[str, torch.Tensor]) -> None:
         """Continue from published weights only (fresh optimizer): the fallback after the owner was lost."""

@@ -35,9 +35,16 @@ switching rather than of the strategy (the hysteresis below accounts for switchi
 right after the batch grew: the drafter first reads the new requests' prompts.
 
 Hysteresis: switching between plain and SD (either way) by the greedy choice is allowed only after
-`min_dwell_steps` steps in the current mode; probes, and the return from a probe, do not wait. SD strategies may
-change every step (the torch engine switches them for free). Deterministic under `seed`; `state()` shows
-everything the policy believes.
+`min_dwell_steps` steps in the current mode (none at the start: there is nothing to flap from); probes, and the
+return from a probe, do not wait. SD strategies may change every step (the torch engine switches them for free).
+
+Costs known before the first play: with a `CostModel` (policy.cost_model: the replica's timed step costs and its
+drafter's probed acceptance), the first plays go in the order of the arms' predicted rates, and a drafter arm
+predicted more than PREDICTED_MARGIN behind plain is not played first (it waits for a probe, or to be stale, like an
+arm found clearly slower). Where no drafter arm is predicted within that margin of plain, the bucket decodes plainly
+from its first step and only probes speculate (probes refine the acceptance, so a drafter the probe underrated is
+picked up); those plain steps are counted (`unpaid_plain_steps`) and `cannot_pay()` says why. Deterministic under
+`seed`; `state()` shows everything the policy believes.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
+from verl_tlt.policy.cost_model import CostModel
 from verl_tlt.policy.gate import PLAIN, SpeculationGate
 from verl_tlt.policy.protocol import PolicySettings
 from verl_tlt.spec.strategy import SpecStrategy
@@ -69,6 +77,10 @@ MAX_STALE_DOUBLINGS = 2
 # Speculative steps of a probe from plain mode: the first pays the drafter catch-up (not rewarded), the second is
 # measured.
 PROBE_SD_STEPS = 2
+# A drafter arm predicted (cost model) to deliver less than (1 - PREDICTED_MARGIN) x plain's rate is not played first;
+# where every drafter arm of a bucket is, the bucket decodes plainly. Wide enough for the model's error on arms close
+# to plain (measured: a drafter accepting 1.4-1.5 tokens predicted at about half of plain on SmolLM2 and CPU).
+PREDICTED_MARGIN = 0.1
 
 
 @dataclass
@@ -112,10 +124,13 @@ class _Arm:
 
 
 class AdaptivePolicy:
-    def __init__(self, config: PolicySettings):
+    def __init__(self, config: PolicySettings, costs: CostModel | None = None):
         """config: the `tlt.speculative` block itself (`config.SpeculativeConfig`: one dataclass, one set of
-        defaults, checked when built)."""
+        defaults, checked when built). costs: the replica's predictions (None: play every arm first, as before any
+        costs are measured; `attach_costs` adds them later)."""
         self.config = config
+        self.costs = costs
+        self.unpaid_plain_steps = 0  # steps decoded plainly in a bucket where no drafter arm was predicted to pay
         self.gate = SpeculationGate(config.threshold, tuple(config.buckets))
         self.strategies = {name: SpecStrategy.parse(name) for name in config.arm_strategies}
         self.arms: dict[int, dict[str, _Arm]] = {
@@ -131,7 +146,8 @@ class AdaptivePolicy:
         self._batch_grew = False  # the batch of the current step is larger than the previous step's (admissions)
         self.rng = random.Random(self.config.seed)
         self.mode = PLAIN  # PLAIN or "sd": what the last step did
-        self.steps_in_mode = 0
+        self.steps_in_mode = config.min_dwell_steps  # no dwell before the first switch: nothing to flap from
+        self._stepped = False  # no step chosen yet
         self.num_mode_switches = 0
         self.num_probes = 0
         self.last_choice: tuple[int | None, str] = (None, PLAIN)
@@ -147,6 +163,34 @@ class AdaptivePolicy:
     def bucket_of(self, batch_size: int) -> int | None:
         """Lower bound of the bucket for batch_size, or None above the threshold."""
         return self.gate.bucket_of(batch_size)
+
+    def attach_costs(self, costs: CostModel | None) -> None:
+        """Predict arms from now on (or, with None, stop): `costs` as measured by the replica."""
+        self.costs = costs
+
+    def new_drafter(self, probe_alpha: float | None) -> None:
+        """A new drafter is in use: its acceptance starts from its self-test probe's score (None: not probed)."""
+        if self.costs is not None:
+            self.costs.new_drafter(probe_alpha)
+
+    def predicted_rate(self, name: str, batch_size: int) -> float | None:
+        """The cost model's committed tokens per request-second for arm `name` at `batch_size` (None: no model, or it
+        cannot predict that arm yet)."""
+        return None if self.costs is None else self.costs.predicted_rate(name, batch_size)
+
+    def cannot_pay(self) -> str | None:
+        """Why no drafter arm is predicted to pay at any bucket (the numbers), or None when one is, or nothing can be
+        predicted yet."""
+        if self.costs is None or self.costs.alpha is None:
+            return None
+        best = self.costs.best_gain(list(self.gate.buckets))
+        if best is None or best[0] >= 1.0 - PREDICTED_MARGIN:
+            return None
+        gain, arm, batch_size = best
+        return (
+            f"with acceptance alpha={self.costs.alpha:.2f} the best drafter arm, {arm} at batch {batch_size}, is "
+            f"predicted at {gain:.2f}x plain's rate (below {1 - PREDICTED_MARGIN:.2f}x)"
+        )
 
     def select(self, batch_size: int) -> SpecStrategy | None:
         """The strategy for the next decode step of `batch_size` requests (None = plain decoding)."""
@@ -166,6 +210,8 @@ class AdaptivePolicy:
             self._in_probe_mode = False  # the greedy choice holds this mode now
         self._enter_mode(mode)
         self.last_choice = (bucket, choice)
+        if choice == PLAIN and bucket is not None and self._nothing_predicted_to_pay(bucket):
+            self.unpaid_plain_steps += 1
         return None if choice == PLAIN else self.strategies[choice]
 
     def observe(self, strategy: SpecStrategy | None, batch_size: int, committed_tokens: int, seconds: float) -> None:
@@ -182,6 +228,8 @@ class AdaptivePolicy:
             return
         self.bucket_plays[bucket] += 1
         arm.record(committed_tokens, seconds, batch_size, self.bucket_plays[bucket])
+        if self.costs is not None:
+            self.costs.observe(name, batch_size, committed_tokens, seconds)
 
     # ----- inspection ----------------------------------------------------------------------------------------
 
@@ -203,12 +251,15 @@ class AdaptivePolicy:
                         "last_play": arm.last_play,
                         "stale_doublings": arm.stale_doublings,
                         "rate": arm.rate() if arm.steps else None,
+                        "predicted_rate": self.predicted_rate(name, lower),
                     }
                     for name, arm in arms.items()
                 }
                 for lower, arms in self.arms.items()
             },
             "best": {lower: self.best_arm(lower) for lower in self.arms},
+            "unpaid_plain_steps": self.unpaid_plain_steps,
+            "costs": None if self.costs is None else self.costs.state(),
         }
 
     # ----- internals -----------------------------------------------------------------------------------------
@@ -221,8 +272,12 @@ class AdaptivePolicy:
             self._probe = (name, left - 1) if left > 1 else None
             if name in arms:
                 return name, True
-        for name, arm in arms.items():
-            if arm.plays < self.config.min_samples and not self._clearly_behind_elsewhere(bucket, name):
+        for name in self._first_play_order(bucket):
+            if (
+                arms[name].plays < self.config.min_samples
+                and not self._clearly_behind_elsewhere(bucket, name)
+                and not self._predicted_behind(bucket, name)
+            ):
                 return name, False
         draw = self.rng.random()
         other = [name for name in arms if (name == PLAIN) != (self.mode == PLAIN)]
@@ -246,6 +301,31 @@ class AdaptivePolicy:
                 contenders = [name for name in same if arms[name].rate() >= (1 - CONTENDER_MARGIN) * best_rate]
                 return self._on_merit(arms, self.rng.choice(contenders)), False
         return self._on_merit(arms, self.best_arm(bucket)), False
+
+    def _first_play_order(self, bucket: int) -> list[str]:
+        """The bucket's arms in the order of their first plays: by predicted rate (best first), then the arms the
+        cost model cannot predict, in their configured order."""
+        names = list(self.arms[bucket])
+        if self.costs is None:
+            return names
+        rates = {name: self.costs.predicted_rate(name, bucket) for name in names}
+        predicted = sorted((n for n in names if rates[n] is not None), key=lambda n: -rates[n])
+        return predicted + [n for n in names if rates[n] is None]
+
+    def _predicted_behind(self, bucket: int, name: str) -> bool:
+        """Whether the cost model puts drafter arm `name` more than PREDICTED_MARGIN behind plain at the bucket's
+        lower bound (an arm sampled afresh because it was stale is not skipped: that is its probe)."""
+        if self.costs is None or name == PLAIN or self.arms[bucket][name].stale_doublings:
+            return False
+        return self.costs.behind_plain(name, bucket, PREDICTED_MARGIN)
+
+    def _nothing_predicted_to_pay(self, bucket: int) -> bool:
+        """Whether the cost model can predict the bucket's drafter arms and puts every one behind plain by the
+        margin."""
+        if self.costs is None:
+            return False
+        names = [name for name in self.arms[bucket] if name != PLAIN and self.costs.predicts(name)]
+        return bool(names) and all(self.costs.behind_plain(name, bucket, PREDICTED_MARGIN) for name in names)
 
     @staticmethod
     def _on_merit(arms: dict[str, _Arm], name: str) -> str:
@@ -296,8 +376,10 @@ class AdaptivePolicy:
         return max(sd_arms, key=lambda n: (sd_arms[n].rate(), -list(sd_arms).index(n)))
 
     def _enter_mode(self, mode: str) -> None:
+        first, self._stepped = not self._stepped, True
         if mode == self.mode:
-            self.steps_in_mode += 1
+            self.steps_in_mode = 1 if first else self.steps_in_mode + 1
             return
         self.mode, self.steps_in_mode = mode, 1
-        self.num_mode_switches += 1
+        if not first:  # the first step enters its mode; it switches from nothing
+            self.num_mode_switches += 1
