@@ -25,7 +25,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "verl_tlt"
 # Bottom to top. A unit is a top-level module or sub-package of verl_tlt (`integrations.<framework>` for glue).
 # A module may import its own unit and the units of lower layers; units of one layer do not import each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("spec", "files", "progress", "commands", "strict_config", "request_seeds", "chat"),
+    ("spec", "files", "progress", "commands", "strict_config", "request_seeds", "chat", "cpu_affinity"),
     # The speculation decision (gate, policies, decode counters): pure Python, below the config that feeds it.
     ("policy",),
     ("config", "metrics"),

@@ -112,3 +112,18 @@ def test_self_test_counts_become_drafter_metrics():
     assert metrics["tlt/drafter/self_test_s"] == 0.9
     assert metrics["tlt/drafter/self_test_accept_rate"] == pytest.approx(0.3)
     assert not any(key.startswith("tlt/drafter/self_test") for key in rollout_metrics([], [{"steps_plain": 1}]))
+
+
+def test_the_policys_predictions_and_plain_steps_that_nothing_paid_for_are_reported():
+    reports = [
+        {
+            "unpaid_plain_steps": 30,
+            "cannot_pay": "alpha=0.30 ...",
+            "arms": {"4_1_4": {"predicted": 9.0, "observed": 8.0}},
+        },
+        {"unpaid_plain_steps": 5, "cannot_pay": None, "arms": {"4_1_4": {"predicted": 11.0, "observed": 12.0}}},
+    ]
+    metrics = rollout_metrics([], [{"policy": report} for report in reports])
+    assert metrics["tlt/sd/unpaid_plain_steps"] == 35 and metrics["tlt/sd/cannot_pay_replicas"] == 1
+    assert metrics["tlt/sd/predicted_rate/4_1_4"] == 10.0 and metrics["tlt/sd/observed_rate/4_1_4"] == 10.0
+    assert "tlt/sd/unpaid_plain_steps" not in rollout_metrics([], [{}])  # no policy, no keys

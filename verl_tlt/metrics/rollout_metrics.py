@@ -61,6 +61,27 @@ def rollout_metrics(
     for name, value in source_metrics(stats).items():
         metrics[f"tlt/sd/source/{name}"] = value
     metrics.update(self_test_metrics([s["self_test"] for s in stats if s.get("self_test")]))
+    metrics.update(policy_metrics([s["policy"] for s in stats if s.get("policy")]))
+    return metrics
+
+
+def policy_metrics(reports: list[dict]) -> dict[str, float]:
+    """`tlt/sd/unpaid_plain_steps` (summed), `tlt/sd/cannot_pay_replicas`, and per arm `tlt/sd/predicted_rate/<arm>`
+    and `tlt/sd/observed_rate/<arm>` (means over the replicas that have them) from the replicas' policy reports
+    (`AdaptivePolicy.take_report`)."""
+    if not reports:
+        return {}
+    metrics = {
+        "tlt/sd/unpaid_plain_steps": float(sum(r.get("unpaid_plain_steps", 0) for r in reports)),
+        "tlt/sd/cannot_pay_replicas": float(sum(r.get("cannot_pay") is not None for r in reports)),
+    }
+    by_arm: dict[str, list[dict]] = {}
+    for report in reports:
+        for arm, rates in (report.get("arms") or {}).items():
+            by_arm.setdefault(arm, []).append(rates)
+    for arm, entries in by_arm.items():
+        for key in ("predicted", "observed"):
+            metrics[f"tlt/sd/{key}_rate/{metric_name(arm)}"] = sum(e[key] for e in entries) / len(entries)
     return metrics
 
 

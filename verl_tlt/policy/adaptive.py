@@ -262,6 +262,30 @@ class AdaptivePolicy:
             "costs": None if self.costs is None else self.costs.state(),
         }
 
+    def take_report(self) -> dict:
+        """What the rollout's metrics show of the policy since the last take: steps decoded plainly because no
+        drafter arm was predicted to pay (`unpaid_plain_steps`), why nothing pays (`cannot_pay`, None when
+        something does), and per arm its predicted and observed rate (committed tokens per request-second), each
+        the plays-weighted mean over the buckets where the arm has both."""
+        rates: dict[str, dict[str, float]] = {}
+        for lower, arms in self.arms.items():
+            for name, arm in arms.items():
+                predicted = self.predicted_rate(name, lower)
+                if predicted is None or not arm.steps:
+                    continue
+                entry = rates.setdefault(name, {"plays": 0.0, "predicted": 0.0, "observed": 0.0})
+                entry["plays"] += arm.plays
+                entry["predicted"] += arm.plays * predicted
+                entry["observed"] += arm.plays * arm.rate()
+        arms_report = {
+            name: {"predicted": e["predicted"] / e["plays"], "observed": e["observed"] / e["plays"]}
+            for name, e in rates.items()
+            if e["plays"]
+        }
+        report = {"unpaid_plain_steps": self.unpaid_plain_steps, "cannot_pay": self.cannot_pay(), "arms": arms_report}
+        self.unpaid_plain_steps = 0
+        return report
+
     # ----- internals -----------------------------------------------------------------------------------------
 
     def _bandit_choice(self, bucket: int) -> tuple[str, bool]:

@@ -373,3 +373,43 @@ def test_the_replica_knows_its_slot_among_the_replicas_on_its_node():
         replica.replica_rank = rank
         slots.append(replica.node_slot())
     assert slots == [(0, 2), (1, 2), (0, 2), (1, 2)]
+
+
+def test_a_loaded_drafter_gets_timed_step_costs_and_the_first_prompt_probes_it(tiny_qwen2, caplog):  # noqa: F811
+    """The first drafter load times the replica's steps; the first rollout's first prompt is remembered before the
+    wake-up self-test, so even that rollout's policy knows the drafter's acceptance (and says if it cannot pay)."""
+    import asyncio
+    import itertools
+    import logging
+
+    from verl_tlt.drafter.model import EagleDrafterModel
+
+    server = bare_server(tiny_qwen2[0])
+    server.config.custom = {"tlt": {"enabled": True, "drafter": {"self_test_tokens": 6}}}
+    server._ids, server._futures, server._work = itertools.count(), {}, threading.Event()
+    server.global_steps, server._drafter_sync = 1, None
+    server._run_engine = lambda: None
+    init_engine_keeping_threads(server)
+    policy = server.engine.policy
+    assert server.update_drafter(EagleDrafterModel.from_target(server.engine.model).state_dict(), version=0)
+    assert policy.costs is not None and {"plain", "4_1_4", "8_4_16"} <= set(policy.costs.table.seconds)
+    assert policy.costs.alpha is None  # loaded before any prompt: nothing to probe with yet
+    server.wake_up(tags=["kv_cache"])
+    loop = asyncio.new_event_loop()
+
+    async def one():
+        task = asyncio.ensure_future(server.generate([5, 6, 7], {"temperature": 0.0, "max_tokens": 3}, "r"))
+        await asyncio.sleep(0)
+        while server.engine.has_unfinished():
+            for output in server.engine.step():
+                server._futures.pop(output.request_id)[1].set_result(output)
+        return await task
+
+    with caplog.at_level(logging.WARNING):
+        assert len(loop.run_until_complete(one()).token_ids) == 3
+    loop.close()
+    assert server._self_test.runs == 1 and policy.costs.prior_alpha == server._self_test.reference is not None
+    report = server.sd_stats()["policy"]
+    assert set(report) == {"unpaid_plain_steps", "cannot_pay", "arms"}
+    if report["cannot_pay"] is not None:  # a random tiny target's drafter: the log says why it decodes plainly
+        assert "cannot pay" in caplog.text and "alpha=" in caplog.text

@@ -153,6 +153,22 @@ def test_the_step_end_never_waits_for_a_worker(workers):
     assert all(pool.alive) and pool.start([0]) == 0
 
 
+def test_a_status_read_waits_for_quick_queued_calls_and_not_for_a_stuck_one(workers, monkeypatch):
+    from verl_tlt.integrations.verl import drafter_pool
+
+    pool = DrafterPool(workers)
+    pool.deliver([1])
+    pool.update_target_weights({"w": 1})
+    assert pool.status() == {"rank": 0, "version": 0}  # read after the queued calls, not skipped for them
+    gate = Gate.remote()
+    monkeypatch.setattr(drafter_pool, "QUIET_WAIT_S", 0.2)
+    pool.deliver([gate])
+    assert pool.status() == {"rank": 0, "version": 0}  # the last status: a read would queue behind the held call
+    assert pool.latest_weights() is None  # nothing published yet, and no read queued behind it
+    ray.get(gate.open.remote())
+    settled(pool)
+
+
 def test_training_moves_to_the_drained_replica_with_the_owners_state(workers):
     pool = DrafterPool(workers)
     pool.deliver([1])

@@ -21,6 +21,7 @@ from verl_tlt.config import TLTConfig, rollout_tlt_view
 from verl_tlt.cpu_affinity import available_cores, pin_process
 from verl_tlt.engine import CompletionOutput, GroupDrafts, RolloutEngine, SamplingParams
 from verl_tlt.engine.drafts.self_test import DrafterSelfTest
+from verl_tlt.engine.step_costs import measure_step_costs, timed_batch_sizes
 from verl_tlt.integrations.control.bookkeeping import RolloutBookkeeping
 from verl_tlt.integrations.control.placement import replica_cpu_cores
 from verl_tlt.integrations.torch_rollout.options import engine_config, torch_rollout_config
@@ -28,6 +29,7 @@ from verl_tlt.metrics.rollout_trace import RolloutTrace, append_jsonl, weights_s
 from verl_tlt.modeling.model import UnsupportedModelError
 from verl_tlt.modeling.torch_threads import with_torch_threads
 from verl_tlt.policy.adaptive import AdaptivePolicy
+from verl_tlt.policy.cost_model import CostModel
 from verl_tlt.request_seeds import GROUP_KWARG
 
 logger = logging.getLogger(__name__)
@@ -158,10 +160,10 @@ class TorchRolloutServer(RolloutBookkeeping):
         internal_id = f"{request_id}#{next(self._ids)}"
         self._futures[internal_id] = (loop, future)
         self._submit_index[internal_id] = self.trace.on_submit()
-        if self._wake_test_due:
-            self._wake_up_self_test()
         if self._self_test is not None:
             self._self_test.remember(prompt_ids)  # its probes: the first prompts served (a no-op once it has them)
+        if self._wake_test_due:  # after remembering: the first rollout's first prompt is the probe, so even the
+            self._wake_up_self_test()  # first rollout's policy knows its drafter's acceptance
         # The slot-seeded agent loop names each request's GRPO group (group drafts); other callers send none.
         group = kwargs.get(GROUP_KWARG)
         if group is not None:
@@ -237,6 +239,8 @@ class TorchRolloutServer(RolloutBookkeeping):
             loaded = self._drafter_sync.update(state, version)
             if self._self_test is not None and self._self_test.runs > runs:
                 self._tested_since_sleep, self._wake_test_due = True, False
+            if loaded:
+                self._refresh_costs()
             return loaded
 
     def target_shared_weights(self) -> dict[str, torch.Tensor]:
@@ -253,9 +257,52 @@ class TorchRolloutServer(RolloutBookkeeping):
         with self._engine_lock:
             stats = self.engine.stats.take() if reset else self.engine.stats.as_dict()
             stats["drafter_error"] = self.engine.drafter_error
+            if isinstance(self.engine.policy, AdaptivePolicy):
+                stats["policy"] = self.engine.policy.take_report() if reset else None
             if self._self_test is not None:
                 stats["self_test"] = self._self_test.take() if reset else self._self_test.counts()
         return stats
+
+    def _refresh_costs(self) -> None:
+        """After a drafter load or a passing wake-up test (engine idle, lock held): the policy's acceptance from the
+        self-test's probe, and, the first time, the replica's step costs (policy.cost_model). A drafter the model
+        says cannot pay is logged with the numbers; the replica then decodes plainly but for probes."""
+        policy = self.engine.policy
+        if not isinstance(policy, AdaptivePolicy) or self.engine.drafter is None:
+            return
+        if policy.costs is None:
+            begin = time.perf_counter()
+            try:
+                table = measure_step_costs(
+                    self.engine,
+                    timed_batch_sizes(policy.threshold, self.engine.max_num_seqs),
+                    list(policy.strategies.values()),
+                    report=lambda line: logger.info("torch rollout server %d step costs, %s", self.replica_rank, line),
+                )
+            except (RuntimeError, ValueError) as error:  # the policy then plays every arm first, as without costs
+                logger.warning(
+                    "torch rollout server %d: step costs not measured (%s); the policy learns them by playing",
+                    self.replica_rank,
+                    error,
+                )
+                return
+            policy.attach_costs(CostModel(table, policy.strategies))
+            logger.info(
+                "torch rollout server %d timed its decode steps in %.1f s",
+                self.replica_rank,
+                time.perf_counter() - begin,
+            )
+        probe = self._self_test.reference if self._self_test is not None else None
+        policy.new_drafter(probe)
+        reason = policy.cannot_pay()
+        if reason is not None:
+            logger.warning(
+                "torch rollout server %d: drafter version %s cannot pay: %s; decoding plainly (probes aside) until a "
+                "drafter that pays is loaded",
+                self.replica_rank,
+                self.drafter_version(),
+                reason,
+            )
 
     def _num_in_flight(self) -> int:
         return len(self._futures)
@@ -387,7 +434,9 @@ class TorchRolloutServer(RolloutBookkeeping):
                 return
             verdict = self._self_test.check(self.engine)
             self._tested_since_sleep = True
-            if not verdict.passed:
+            if verdict.passed:
+                self._refresh_costs()
+            else:
                 logger.warning(
                     "torch rollout server %d: drafter version %s failed its wake-up self-test (%s); decoding plainly "
                     "until the next drafter version",

@@ -31,6 +31,9 @@ logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
 # How long a call to a drafter worker may take before the worker is given up (a stop waits for one optimizer
 # step; a hung worker must not hang the RL step).
 CALL_TIMEOUT_S = 120.0
+# How long a status or weights read waits for the owner's queued calls (storing samples, the policy's weights: well
+# under a second each) before it answers with the last one it had.
+QUIET_WAIT_S = 5.0
 # How long a checkpoint waits for the owner to finish what was queued before it (samples, the policy's weights) and
 # to write the drafter; verl's own save of the actor runs meanwhile.
 SAVE_TIMEOUT_S = 600.0
@@ -134,6 +137,16 @@ class DrafterPool:
         ready, _ = ray.wait(calls, num_returns=len(calls), timeout=0)
         return len(ready) < len(calls)
 
+    def _quiet(self, rank: int) -> bool:
+        """Whether `rank` has no queued call running, waiting up to QUIET_WAIT_S for them to finish."""
+        calls = [call for r, call in self._pending if r == rank]
+        if isinstance(self._saving, PendingSave) and self._saving.rank == rank:
+            calls += [self._saving.save_call, self._saving.done_call]
+        if not calls:
+            return True
+        ready, _ = ray.wait(calls, num_returns=len(calls), timeout=QUIET_WAIT_S)
+        return len(ready) == len(calls)
+
     def update_target_weights(self, named_tensors: dict) -> None:
         """Queue the policy's shared weights on every live worker, without waiting (a worker runs its calls in order,
         so its next burst trains against them); `settle()` collects the calls."""
@@ -186,7 +199,7 @@ class DrafterPool:
         with self._lock:
             if not self.alive[self.owner]:
                 return None
-            if self.busy(self.owner):
+            if not self._quiet(self.owner):
                 return self._last_status
             self._last_status = self._get(self.owner, self.workers[self.owner].status.remote())
             return self._last_status
@@ -194,7 +207,7 @@ class DrafterPool:
     def latest_weights(self) -> tuple[int, dict] | None:
         """(version, weights) of the owner's last good drafter; kept as the fallback if the owner dies."""
         with self._lock:
-            if not self.alive[self.owner] or self.busy(self.owner):
+            if not self.alive[self.owner] or not self._quiet(self.owner):
                 return self.published
             result = self._get(self.owner, self.workers[self.owner].weights.remote())
             if result is not None:

@@ -305,11 +305,11 @@ class TLTRuntime:
         waited = time.perf_counter()
         self.pool.settle()  # collects what finished; never waits for a worker
         self.metrics["tlt/capture/settle_s"] = time.perf_counter() - waited
-        if self._training:
-            self._push_target_weights()
         status = self.pool.status() or {}
         if step % self.tlt.drafter.sync_every == 0:
             self.push_drafter(owner_version=status.get("version"))
+        if self._training:  # queued behind the reads above: they need not wait for it
+            self._push_target_weights()
         last = status.get("last_metrics") or {}
         self.metrics.update(
             {
