@@ -253,3 +253,31 @@ def test_the_table_shows_the_rollouts_share_and_the_tail_and_the_compact_share_o
     assert "40%/30%" in first and "77/256/256" in first and "-/-/-" in second
     runs["tlt"][0]["compact_share"] = 0.25
     assert "compact share" in format_table(runs).splitlines()[0]
+
+
+def test_the_policys_view_and_the_controls_spread_reach_the_headline():
+    metrics = _metrics(1, 3.0)
+    metrics.update(
+        {
+            "tlt/sd/unpaid_plain_steps": 40.0,
+            "tlt/sd/cannot_pay_replicas": 1.0,
+            "tlt/sd/predicted_rate/4_1_4": 9.0,
+            "tlt/sd/observed_rate/4_1_4": 8.5,
+        }
+    )
+    (row,) = step_rows([metrics], {}, {})
+    assert row["sd_unpaid_plain_steps"] == 40 and row["sd_rates"] == {"4_1_4": {"predicted": 9.0, "observed": 8.5}}
+    runs = {
+        "baseline": _rows([4.0] * 2, None),
+        "tlt": _rows([3.0] * 2, [3.0] * 2),
+        "frozen": _rows([3.0] * 2, [3.0] * 2),
+        "baseline_repeat": _rows([5.0] * 2, None),
+    }
+    runs["tlt"][0].update(sd_unpaid_plain_steps=40.0, sd_cannot_pay_replicas=1.0, sd_rates=row["sd_rates"])
+    runs["tlt"][1].update(sd_unpaid_plain_steps=10.0, sd_cannot_pay_replicas=0.0)
+    h = headline(runs)
+    assert h["control_rollout_time_ratio"] == pytest.approx(10 / 8)
+    assert h["unpaid_plain_steps"] == 50 and h["cannot_pay_steps"] == 1
+    assert h["arm_rates_last"] == {"4_1_4": {"predicted": 9.0, "observed": 8.5}}
+    del runs["baseline_repeat"]
+    assert headline(runs)["control_rollout_time_ratio"] is None

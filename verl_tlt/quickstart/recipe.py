@@ -66,10 +66,9 @@ class GRPOSettings:
 # 35-52 s, actor update 35 s) and a verl job about a minute to start, so 3 steps a run. GRPO's usual lr for a small
 # instruct model.
 REAL_MODEL_SETTINGS = GRPOSettings(steps=3, batch_size=4, group_size=4, max_response_length=256, lr=1e-6)
-# The drafter workers score the online and the initial drafter on each step's captures while verl updates the actor
-# (`tlt/drafter/eval_*`); over a 49k vocabulary one drafter's score of 1024 positions took 41 s on one core (the
-# shared-noise draws are most of it), which kept the trainer waiting 37-63 s a step. 256 positions: about 13 s.
-REAL_MODEL_TLT_OVERRIDES = ["tlt.drafter.eval_max_pairs=256"]
+# What a real model's TLT run sets beyond the user's defaults: nothing (what a user gets is what the quickstart
+# measures).
+REAL_MODEL_TLT_OVERRIDES: list[str] = []
 
 
 def settings_for(model: str) -> GRPOSettings:

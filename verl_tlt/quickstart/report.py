@@ -122,6 +122,18 @@ def format_stage_times(stage_s: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
+def arm_rate_lines(rates: dict[str, dict[str, float | None]]) -> list[str]:
+    """The TLT run's last step: each arm's predicted and observed committed tokens per request-second."""
+    if not rates:
+        return []
+
+    def show(value):
+        return "-" if value is None else f"{value:.1f}"
+
+    cells = ", ".join(f"{arm} {show(r.get('predicted'))}/{show(r.get('observed'))}" for arm, r in sorted(rates.items()))
+    return [f"  predicted / observed tokens per request-second, last step: {cells}"]
+
+
 def headline_lines(summary: dict[str, Any]) -> list[str]:
     """The headline numbers of the baseline / TLT / frozen comparison (see summary.headline)."""
 
@@ -148,7 +160,12 @@ def headline_lines(summary: dict[str, Any]) -> list[str]:
         f"  keyed chain of 4 from the drafter's own features (the engine's 4_1_4): online {show(chain['online'])} vs "
         f"initial drafter {show(chain['frozen'])}",
         f"rollout time TLT / baseline: {show(summary['rollout_time_ratio_tlt_vs_baseline'])} "
-        f"(server-measured, all steps); step time TLT / baseline: {show(summary['step_time_ratio_tlt_vs_baseline'])}",
+        f"(server-measured, all steps; the control's baseline repeat / baseline: "
+        f"{show(summary.get('control_rollout_time_ratio'))}); step time TLT / baseline: "
+        f"{show(summary['step_time_ratio_tlt_vs_baseline'])}",
+        f"policy: {summary.get('unpaid_plain_steps', 0):.0f} decode steps plain because no drafter arm was predicted "
+        f"to pay; steps with a replica whose drafter could not pay: {summary.get('cannot_pay_steps', 0)}",
+        *arm_rate_lines(summary.get("arm_rates_last") or {}),
         f"tail extension (last response -> replicas asleep), mean: baseline {show(tail['baseline_mean'])} s, "
         f"TLT {show(tail['tlt_mean'])} s; spot training ran on after the last response for at most "
         f"{show(tail['tlt_spot_overrun_max'])} s (one drafter step: {show(tail['drafter_step_s_max'])} s)",

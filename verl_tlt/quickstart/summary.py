@@ -17,6 +17,7 @@ from typing import Any
 
 from verl_tlt.metrics.long_tail import long_tail_metrics
 from verl_tlt.metrics.rollout_trace import rollout_summary, rollout_weights_sha256
+from verl_tlt.quickstart.recipe import CONTROL
 from verl_tlt.toy.task import COMPACT, response_style
 
 # Step-time parts verl times separately (timing_s/<part>); the rest of timing_s/step is "other".
@@ -24,6 +25,7 @@ STEP_PARTS = ("gen", "old_log_prob", "adv", "update_actor", "update_weights")
 LAST_STEPS = 3
 STRATEGY_ACCEPTANCE = "tlt/sd/strategy_acceptance/"
 SOURCE_METRICS = "tlt/sd/source/"
+PREDICTED_RATE, OBSERVED_RATE = "tlt/sd/predicted_rate/", "tlt/sd/observed_rate/"
 
 
 def read_trace(path: Path) -> dict[int, list[dict]]:
@@ -93,6 +95,8 @@ def step_rows(
             "tlt/drafter/eval_frozen_est_coupled_acceptance_length",
             "tlt/drafter/eval_online_chain_acceptance_length",
             "tlt/drafter/eval_frozen_chain_acceptance_length",
+            "tlt/sd/unpaid_plain_steps",
+            "tlt/sd/cannot_pay_replicas",
         ):
             if key in m:
                 row[key.removeprefix("tlt/").replace("/", "_")] = m[key]
@@ -108,6 +112,16 @@ def step_rows(
         }
         if by_source:
             row["sd_source"] = by_source
+        rates = {
+            key.removeprefix(PREDICTED_RATE): {
+                "predicted": value,
+                "observed": m.get(OBSERVED_RATE + key.removeprefix(PREDICTED_RATE)),
+            }
+            for key, value in m.items()
+            if key.startswith(PREDICTED_RATE)
+        }
+        if rates:
+            row["sd_rates"] = rates
         rows.append(row)
     return rows
 
@@ -193,6 +207,15 @@ def headline(runs: dict[str, list[dict]]) -> dict[str, Any]:
             "frozen": sum(r.get("rollout_s") or 0.0 for r in frozen),
         },
         "step_time_ratio_tlt_vs_baseline": _ratio(sum(r["step_s"] for r in tlt), sum(r["step_s"] for r in base)),
+        # The spread the machine itself gives: TLT off twice, same config.
+        "control_rollout_time_ratio": _ratio(sum(r.get("rollout_s") or 0.0 for r in runs[CONTROL]), base_rollout)
+        if runs.get(CONTROL)
+        else None,
+        # The policy's view: decode steps kept plain because no drafter arm was predicted to pay, steps at which a
+        # replica's drafter could not pay at all, and the last step's predicted and observed rate per arm.
+        "unpaid_plain_steps": sum(r.get("sd_unpaid_plain_steps") or 0.0 for r in tlt),
+        "cannot_pay_steps": sum(bool(r.get("sd_cannot_pay_replicas")) for r in tlt),
+        "arm_rates_last": next((r["sd_rates"] for r in reversed(tlt) if r.get("sd_rates")), {}),
         "tail_extension_s": {
             "baseline_mean": _mean([r.get("tail_extension_s") for r in base]),
             "tlt_mean": _mean([r.get("tail_extension_s") for r in tlt]),

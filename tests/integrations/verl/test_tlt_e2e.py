@@ -200,11 +200,13 @@ def test_greedy_rollouts_are_identical_with_tlt_on_and_off(greedy_runs):
     assert all(r["grouped_requests"] == len(r["response_tokens"]) > 0 for r in training), training
     for step in range(3):
         assert sum(r["groups"] for r in training if r["rollout_index"] == step) == 16, training
-    # The drafter is scored by a burst, before it trains, on captures of an earlier step: never at the step's end.
-    scored = [m for m in on.metrics if "tlt/drafter/eval_online_accept_prob" in m]
-    assert scored, "no burst scored the drafter"
-    for m in scored:
-        assert m["tlt/drafter/eval_step"] < m["step"] and "tlt/drafter/eval_frozen_accept_prob" in m
+    # The drafter is scored by bursts, between their steps, on captures of an earlier step: never at the step's end.
+    # Whether a burst finishes a score depends on how long the toy's tail lasts (tests/drafter/test_worker.py scores
+    # deterministically); what is reported must be of an earlier step's captures.
+    for m in on.metrics:
+        assert "tlt/drafter/eval_skipped" in m
+        if "tlt/drafter/eval_online_accept_prob" in m:
+            assert m["tlt/drafter/eval_step"] < m["step"] and "tlt/drafter/eval_frozen_accept_prob" in m
     # Captured at step 1, trained while a replica idled in step 2's rollout, pushed after step 2.
     last = tlt_metrics(on.metrics[-1])
     assert last["tlt/drafter/total_steps"] >= 1 and last["tlt/drafter/version"] >= 1
