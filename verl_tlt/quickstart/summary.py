@@ -100,30 +100,32 @@ def step_rows(
         ):
             if key in m:
                 row[key.removeprefix("tlt/").replace("/", "_")] = m[key]
-        by_strategy = {
-            key.removeprefix(STRATEGY_ACCEPTANCE): value
-            for key, value in m.items()
-            if key.startswith(STRATEGY_ACCEPTANCE)
-        }
-        if by_strategy:
-            row["sd_strategy_acceptance"] = by_strategy
-        by_source = {
-            key.removeprefix(SOURCE_METRICS): value for key, value in m.items() if key.startswith(SOURCE_METRICS)
-        }
-        if by_source:
-            row["sd_source"] = by_source
-        rates = {
-            key.removeprefix(PREDICTED_RATE): {
-                "predicted": value,
-                "observed": m.get(OBSERVED_RATE + key.removeprefix(PREDICTED_RATE)),
-            }
-            for key, value in m.items()
-            if key.startswith(PREDICTED_RATE)
-        }
-        if rates:
-            row["sd_rates"] = rates
+        row.update(_sd_breakdowns(m))
         rows.append(row)
     return rows
+
+
+def _sd_breakdowns(m: dict) -> dict[str, dict]:
+    """A step's per-strategy acceptance, per-source draft metrics and per-arm predicted / observed rates (those
+    present)."""
+    found: dict[str, dict] = {}
+    by_strategy = {k.removeprefix(STRATEGY_ACCEPTANCE): v for k, v in m.items() if k.startswith(STRATEGY_ACCEPTANCE)}
+    if by_strategy:
+        found["sd_strategy_acceptance"] = by_strategy
+    by_source = {k.removeprefix(SOURCE_METRICS): v for k, v in m.items() if k.startswith(SOURCE_METRICS)}
+    if by_source:
+        found["sd_source"] = by_source
+    rates = {
+        k.removeprefix(PREDICTED_RATE): {
+            "predicted": v,
+            "observed": m.get(OBSERVED_RATE + k.removeprefix(PREDICTED_RATE)),
+        }
+        for k, v in m.items()
+        if k.startswith(PREDICTED_RATE)
+    }
+    if rates:
+        found["sd_rates"] = rates
+    return found
 
 
 def tail_shape(records: list[dict], start: float) -> dict[str, float]:
