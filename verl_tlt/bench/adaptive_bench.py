@@ -7,7 +7,8 @@ few long ones decode alone at the end. The default token cap, 1024, is above the
 tokens), so it cuts only answers that loop. Decoding is greedy, so
 every run produces the same tokens (checked) and the runs differ only in time. Runs: plain; for each candidate
 strategy, that strategy at every decode step with at most `threshold` running requests (plain above, like the
-policy); and the adaptive policy (`tlt.speculative` defaults unless overridden). In RL the policy lives as long as
+policy); and the adaptive policy (`tlt.speculative` defaults unless overridden), which knows what a TLT replica knows before its first
+rollout: its timed step costs and its drafter's self-test probe (`replica_costs`). In RL the policy lives as long as
 the engine and keeps learning across rollouts, so the headline adaptive run uses a policy that has already seen one
 rollout ("warm"); the first rollout of a fresh policy is reported too ("cold"). Each run is timed best of `repeats`,
 the variants taking turns. The runs of one round are close in time, so the best fixed strategy's time over
@@ -33,12 +34,19 @@ from collections.abc import Callable
 import torch
 
 from verl_tlt.bench.subject import BenchSubject
-from verl_tlt.config import SpeculativeConfig
+from verl_tlt.config import DrafterConfig, SpeculativeConfig
 from verl_tlt.engine import RolloutEngine, SamplingParams
 from verl_tlt.engine.config import EngineConfig
+from verl_tlt.engine.drafts.self_test import DrafterSelfTest
+from verl_tlt.engine.step_costs import measure_step_costs, timed_batch_sizes
 from verl_tlt.files import write_json
 from verl_tlt.policy import AdaptivePolicy, FixedBelowThreshold, SpeculationGate
+from verl_tlt.policy.cost_model import CostModel
 from verl_tlt.progress import Progress
+from verl_tlt.spec.strategy import SpecStrategy
+
+# The drafter probe's tokens, as a replica's default self-test (tlt.drafter.self_test_tokens).
+SELF_TEST_TOKENS = DrafterConfig().self_test_tokens
 
 PROBLEM_SEED = 31337
 PLAIN_AGAIN = "plain_again"
@@ -226,8 +234,9 @@ def run(
         subject, num_requests, max_tokens, config.strategies[0], device=device, cuda_graphs=cuda_graphs
     )
     engine, prompts, params = rollout
+    costs = replica_costs(engine, prompts[0], config)
     warm_policies = []
-    variants = _variants(engine, prompts, params, config, warm_policies)
+    variants = _variants(engine, prompts, params, config, warm_policies, costs)
     progress = Progress("bench adaptive", repeats * len(variants), unit="timed runs")
     best, round_seconds = interleaved_best(repeats, variants, progress)
     comparison = _comparison(best, round_seconds, config, num_requests)
@@ -251,15 +260,48 @@ def run(
     return result
 
 
-def _variants(engine: RolloutEngine, prompts, params, config: SpeculativeConfig, warm_policies: list) -> dict:
+def replica_costs(engine: RolloutEngine, probe_prompt, config: SpeculativeConfig) -> Callable[[], CostModel]:
+    """What a TLT replica knows before its first rollout, as the torch rollout server measures it: its step costs
+    (`measure_step_costs`) and its drafter's self-test probe on the first prompt; a factory of fresh cost models
+    (each policy refines its own)."""
+    begin = time.perf_counter()
+    table = measure_step_costs(
+        engine,
+        timed_batch_sizes(config.threshold, engine.max_num_seqs),
+        [SpecStrategy.parse(name) for name in config.arm_strategies],
+        report=lambda line: print(f"step costs, {line}", flush=True),
+    )
+    probe = DrafterSelfTest(SELF_TEST_TOKENS, 0.0, engine.max_model_len)
+    probe.remember(probe_prompt)
+    probe.check(engine)
+    print(
+        f"replica costs timed in {time.perf_counter() - begin:.1f} s; drafter probe alpha {probe.reference}",
+        flush=True,
+    )
+    strategies = {name: SpecStrategy.parse(name) for name in config.arm_strategies}
+    return lambda: CostModel(table, strategies, prior_alpha=probe.reference)
+
+
+def _variants(
+    engine: RolloutEngine,
+    prompts,
+    params,
+    config: SpeculativeConfig,
+    warm_policies: list,
+    costs: Callable[[], CostModel] | None = None,
+) -> dict:
     """The timed runs of one round: plain, each fixed strategy, plain again (the noise), adaptive cold and warm
-    (each warm policy is appended to `warm_policies`)."""
+    (each warm policy is appended to `warm_policies`); costs: each adaptive policy's cost model, as a replica has
+    (None: none)."""
+
+    def adaptive() -> AdaptivePolicy:
+        return AdaptivePolicy(config, costs() if costs is not None else None)
 
     def cold_run():
-        return timed_run(engine, prompts, params, AdaptivePolicy(config))
+        return timed_run(engine, prompts, params, adaptive())
 
     def warm_run():
-        policy = AdaptivePolicy(config)
+        policy = adaptive()
         timed_run(engine, prompts, params, policy)  # one rollout to learn from, as the previous RL step would be
         warm_policies.append(policy)
         return timed_run(engine, prompts, params, policy)
