@@ -1,27 +1,27 @@
 """`verl-tlt bench adaptive`: the adaptive policy against plain decoding and every fixed strategy, on a replayed
 long-tail rollout.
 
-All N fresh prompts start together on the subject's target (`verl_tlt.bench.subject`: the trained toy by default, or
-a real model; each with its warmed-up drafter), as in one RL rollout: the batch shrinks as short answers finish and a
+All N fresh prompts start together on the subject's target (`verl_tlt.bench.subject`: the trained toy by default, or a
+real model; each with its warmed-up drafter), as in one RL rollout: the batch shrinks as short answers finish and a
 few long ones decode alone at the end. The default token cap, 1024, is above the toy world's longest solution (937
-tokens), so it cuts only answers that loop. Decoding is greedy, so
-every run produces the same tokens (checked) and the runs differ only in time. Runs: plain; for each candidate
-strategy, that strategy at every decode step with at most `threshold` running requests (plain above, like the
-policy); and the adaptive policy (`tlt.speculative` defaults unless overridden), which knows what a TLT replica knows before its first
-rollout: its timed step costs and its drafter's self-test probe (`replica_costs`). In RL the policy lives as long as
-the engine and keeps learning across rollouts, so the headline adaptive run uses a policy that has already seen one
-rollout ("warm"); the first rollout of a fresh policy is reported too ("cold"). Each run is timed best of `repeats`,
-the variants taking turns. The runs of one round are close in time, so the best fixed strategy's time over
-adaptive's within each round (`adaptive_vs_best_fixed_by_round`, and its median) cancels this shared machine's slow
-drift, which a ratio of two best runs (from different rounds, each the luckiest of a few) does not; plain is run
-twice per round as the control (`plain_vs_plain_by_round`: how far the same work strays between two runs of a round,
-i.e. what a per-round ratio can resolve). Above the threshold adaptive and plain decode the same batches plainly,
-step for step, and the policy's bookkeeping is the only difference; there each decode step's fastest time over the
-repeats is compared (step k of a batch size in one run does the same work as step k in another), grouped by batch
-size (powers of two). On a shared machine that comparison is noisy, so two more numbers frame it: the share of that
-time spent in the policy's own calls (`policy_share_above_threshold`, what the policy can cost there), and the same
-comparison for each fixed strategy, which decodes plainly there too, with a trivial policy
-(`fixed_vs_plain_above_threshold`: about the noise alone). Ratios from one run of the command.
+tokens), so it cuts only answers that loop. Decoding is greedy, so every run produces the same tokens (checked) and
+the runs differ only in time. Runs: plain; for each candidate strategy, that strategy at every decode step with at
+most `threshold` running requests (plain above, like the policy); and the adaptive policy (`tlt.speculative` defaults
+unless overridden), which knows what a TLT replica knows before its first rollout: its timed step costs and its
+drafter's self-test probe (`replica_costs`). In RL the policy lives as long as the engine and keeps learning across
+rollouts, so the headline adaptive run uses a policy that has already seen one rollout ("warm"); the first rollout of
+a fresh policy is reported too ("cold"). Each run is timed best of `repeats`, the variants taking turns. The runs of
+one round are close in time, so the best fixed strategy's time over adaptive's within each round
+(`adaptive_vs_best_fixed_by_round`, and its median) cancels this shared machine's slow drift, which a ratio of two
+best runs (from different rounds, each the luckiest of a few) does not; plain is run twice per round as the control
+(`plain_vs_plain_by_round`: how far the same work strays between two runs of a round, i.e. what a per-round ratio can
+resolve). Above the threshold adaptive and plain decode the same batches plainly, step for step, and the policy's
+bookkeeping is the only difference; there each decode step's fastest time over the repeats is compared (step k of a
+batch size in one run does the same work as step k in another), grouped by batch size (powers of two). On a shared
+machine that comparison is noisy, so two more numbers frame it: the share of that time spent in the policy's own calls
+(`policy_share_above_threshold`, what the policy can cost there), and the same comparison for each fixed strategy,
+which decodes plainly there too, with a trivial policy (`fixed_vs_plain_above_threshold`: about the noise alone).
+Ratios from one run of the command.
 """
 
 from __future__ import annotations
