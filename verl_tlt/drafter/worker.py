@@ -6,8 +6,9 @@ cores). All workers hold the same data buffer (every captured sample is sent to 
 replica drains first, the
 coordinator hands the training state (weights, optimizer, step counters, buffer cursor; not the samples, which the
 new worker already has) from the owner to that worker before it starts, so there is one drafter history, never a
-diverging copy per replica. Each burst first scores the drafter on the newest captures it has not yet trained on
-(`tlt/drafter/eval_*`), on the drained replica's resources: nothing of the drafter's runs while the RL step waits.
+diverging copy per replica. A held-out part of each step's captures is scored (`tlt/drafter/eval_*`) by the next
+bursts, a group between their optimizer steps, before the drafter trains on it: on the drained replica's
+resources, so nothing of the drafter's runs while the RL step waits.
 
 Nothing here imports Ray or verl; the integration wraps this class with `ray.remote`.
 """
@@ -164,8 +165,8 @@ class DrafterWorker:
         return {**flat, "samples": float(scored), "seconds": time.monotonic() - begin}
 
     def start(self) -> bool:
-        """Begin spot training in the background; False when already running or the buffer is empty. The burst first
-        scores the drafter on the newest captures it has not trained on (`receive`), then trains."""
+        """Begin spot training in the background; False when already running or the buffer is empty. Until the held
+        captures (`receive`) are scored, the burst scores a group of them before each optimizer step."""
         self._starts += 1
         self._maybe_crash()
         self._burst_scores = None
