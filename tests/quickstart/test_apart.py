@@ -43,7 +43,7 @@ def test_a_stage_apart_logs_as_the_quickstart_does_and_what_it_holds_stays_in_it
 
 
 def fake_prepare(
-    model: str, cache: Path, data_dir: Path, settings: GRPOSettings, family: str
+    model: str, cache: Path, data_dir: Path, settings: GRPOSettings, family: str, warm_drafter: bool = True
 ) -> tuple[QuickstartInputs, dict[str, float]]:
     """Stands in for building the toy or a real model: holds memory, as those builds do, and returns paths."""
     hold_memory(HELD_GIB)

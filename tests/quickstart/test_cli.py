@@ -148,3 +148,31 @@ def test_the_toy_inputs_name_the_family_and_its_drafter(tmp_path, monkeypatch):
     inputs = runner.prepare_toy(tmp_path, Timer(), "eagle3")
     assert asked == {"family": "eagle3"}
     assert "tlt.drafter.family=eagle3" in quickstart_overrides(inputs, settings_for("toy"))
+
+
+def test_drafter_target_builds_no_drafter_and_starts_tlt_from_the_target(monkeypatch, tmp_path):
+    """--drafter target: what a user gets without a warm-up; no drafter stage runs."""
+    import contextlib
+
+    import verl_tlt.models.prepare as prepare
+    import verl_tlt.tasks.dataset as dataset
+    import verl_tlt.tasks.drafter as task_drafter
+    from verl_tlt.quickstart.real_model import prepare_real_model
+    from verl_tlt.quickstart.recipe import quickstart_overrides
+
+    monkeypatch.setattr(prepare, "ensure_model", lambda model, cache=None: tmp_path / "model")
+    files = {"train": tmp_path / "t.parquet", "val": tmp_path / "v.parquet", "max_prompt_length": 99}
+    monkeypatch.setattr(dataset, "grpo_task_files", lambda actor, out, rows: files)
+    monkeypatch.setattr(task_drafter, "ensure_task_drafter", lambda *a, **k: pytest.fail("warmed up a drafter"))
+    stages = []
+
+    class Timer:
+        def stage(self, name):
+            stages.append(name)
+            return contextlib.nullcontext()
+
+    settings = settings_for("smollm2-135m")
+    inputs = prepare_real_model("smollm2-135m", tmp_path, tmp_path / "data", settings, Timer(), warm_drafter=False)
+    assert "drafter" not in stages and "tlt.drafter.init=target" in quickstart_overrides(inputs, settings)
+    assert _tree().parse_args(["quickstart", "--drafter", "target"]).drafter == "target"
+    assert _tree().parse_args(["quickstart"]).drafter == "warmup"

@@ -86,6 +86,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the drafter family TLT trains (tlt.drafter.family): eagle (EAGLE-1/2) or eagle3 (EAGLE-3; on the toy, "
         "its drafter is warmed up on first use, a few minutes)",
     )
+    parser.add_argument(
+        "--drafter",
+        choices=["warmup", "target"],
+        default="warmup",
+        help="where TLT's drafter starts: warmup (warmed up on the target's own answers, built once and cached) or "
+        "target (tlt.drafter.init=target, what a user gets without a warm-up: the drafter starts from the "
+        "target's last layer and nothing is built)",
+    )
     parser.add_argument("--timeout", type=float, default=1200, help="hard limit per verl job, seconds")
     parser.add_argument("--no-plot", action="store_true", help="skip comparison.png (no matplotlib needed)")
     parser.add_argument(
@@ -149,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
         extra=args.override,
         model=args.model,
         family=args.family,
+        warm_drafter=args.drafter == "warmup",
     )
     write_json(out / "summary.json", summary)
     print(format_report(summary))

@@ -7,13 +7,16 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from verl_tlt.quickstart.recipe import REAL_MODEL_TLT_OVERRIDES, GRPOSettings, QuickstartInputs
+from verl_tlt.quickstart.recipe import INIT_FROM_TARGET, REAL_MODEL_TLT_OVERRIDES, GRPOSettings, QuickstartInputs
 
 logger = logging.getLogger(__name__)
 
 
-def prepare_real_model(model: str, cache: Path, data_dir: Path, settings: GRPOSettings, timer) -> QuickstartInputs:
-    """The model, the tasks for `settings.steps` steps of `settings.batch_size` prompts, and the model's drafter."""
+def prepare_real_model(
+    model: str, cache: Path, data_dir: Path, settings: GRPOSettings, timer, warm_drafter: bool = True
+) -> QuickstartInputs:
+    """The model, the tasks for `settings.steps` steps of `settings.batch_size` prompts, and the model's drafter
+    (warm_drafter=False: none; TLT's drafter starts from the target)."""
     import verl_tlt.tasks.reward as reward
     from verl_tlt.models.prepare import ensure_model
     from verl_tlt.tasks.dataset import grpo_task_files
@@ -23,9 +26,11 @@ def prepare_real_model(model: str, cache: Path, data_dir: Path, settings: GRPOSe
         actor = ensure_model(model, cache)
     with timer.stage("tasks"):
         data = grpo_task_files(actor, data_dir, settings.batch_size * settings.steps)
-    with timer.stage("drafter"):
-        drafter = ensure_task_drafter(model, cache)
-    logger.info("actor: %s; drafter warmed up on its answers: %s; tasks: %s", actor, drafter, data["train"])
+    drafter: Path | str = INIT_FROM_TARGET
+    if warm_drafter:
+        with timer.stage("drafter"):
+            drafter = ensure_task_drafter(model, cache)
+    logger.info("actor: %s; drafter: %s; tasks: %s", actor, drafter, data["train"])
     return QuickstartInputs(
         model=model,
         train_files=data["train"],

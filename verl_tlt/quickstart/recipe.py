@@ -76,6 +76,10 @@ def settings_for(model: str) -> GRPOSettings:
     return GRPOSettings() if model == TOY else REAL_MODEL_SETTINGS
 
 
+# tlt.drafter.init's value for a drafter started from the target (no warm-up).
+INIT_FROM_TARGET = "target"
+
+
 @dataclass(frozen=True)
 class QuickstartInputs:
     """What a quickstart trains and drafts with: the RL data, the actor's initial weights, its reward, the drafter
@@ -85,7 +89,7 @@ class QuickstartInputs:
     train_files: Path
     val_files: Path
     actor: Path
-    drafter: Path
+    drafter: Path | str  # a drafter folder, or INIT_FROM_TARGET
     reward_fn: str  # a file with the reward function (verl's custom_reward_function.path)
     reward_name: str  # the function's name in it
     max_prompt_length: int

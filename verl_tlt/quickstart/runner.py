@@ -23,6 +23,7 @@ from verl_tlt.quickstart.recipe import (
     COMPARED,
     CONTROL,
     GROUP_DRAFTS,
+    INIT_FROM_TARGET,
     RUNS,
     SETUP_STAGE,
     TOY,
@@ -79,8 +80,9 @@ def setup_seconds(environ: Mapping[str, str] = os.environ) -> float | None:
     return seconds
 
 
-def prepare_toy(cache: Path, timer: StageTimer, family: str = "eagle") -> QuickstartInputs:
-    """The toy world, the SFT toy target and its warmed-up drafter of `family`: built once into `cache`, reused."""
+def prepare_toy(cache: Path, timer: StageTimer, family: str = "eagle", warm_drafter: bool = True) -> QuickstartInputs:
+    """The toy world, the SFT toy target and its warmed-up drafter of `family` (unless warm_drafter is False: then
+    the drafter starts from the target): built once into `cache`, reused."""
     from verl_tlt.toy.build import build_toy_world
     from verl_tlt.toy.drafter import ensure_toy_drafter
     from verl_tlt.toy.sft import DRIFTING_COMPACT_SHARE, ensure_toy_target
@@ -91,9 +93,11 @@ def prepare_toy(cache: Path, timer: StageTimer, family: str = "eagle") -> Quicks
     with timer.stage("toy target"):
         target = ensure_toy_target(cache, compact_share=DRIFTING_COMPACT_SHARE)
         check_same_tokenizer(world.model_dir, target)
-    with timer.stage("drafter"):
-        drafter = ensure_toy_drafter(cache, compact_share=DRIFTING_COMPACT_SHARE, family=family)
-    logger.info("actor: toy target %s; drafter warmed up on it: %s", target, drafter)
+    drafter: Path | str = INIT_FROM_TARGET
+    if warm_drafter:
+        with timer.stage("drafter"):
+            drafter = ensure_toy_drafter(cache, compact_share=DRIFTING_COMPACT_SHARE, family=family)
+    logger.info("actor: toy target %s; drafter: %s", target, drafter)
     return QuickstartInputs(
         model=TOY,
         train_files=world.train_parquet,
@@ -157,9 +161,11 @@ def run_comparison(
     extra: Sequence[str] = (),
     model: str = TOY,
     family: str = "eagle",
+    warm_drafter: bool = True,
 ) -> dict[str, Any]:
     """All stages of the quickstart; returns its summary (see the keys below). family: the drafter family every TLT
-    run trains (and warms up, on the toy)."""
+    run trains (and warms up, on the toy). warm_drafter: False starts TLT's drafter from the target
+    (tlt.drafter.init=target) and builds none."""
     timer = StageTimer()
     setup = setup_seconds()
     if setup is not None:
@@ -168,7 +174,7 @@ def run_comparison(
     if missing:
         logger.warning("runs %s left out (--runs): the report will lack what needs them", missing)
     # In a child process: the verl runs get the machine a run with everything cached gets (see quickstart.apart).
-    inputs, stage_s = run_apart(prepare_inputs, model, cache, out / "data", settings, family)
+    inputs, stage_s = run_apart(prepare_inputs, model, cache, out / "data", settings, family, warm_drafter)
     timer.seconds.update(stage_s)  # timed and logged in the child
     caller_memory = {"at_first_run_start": own_memory()}
     logger.info(
@@ -198,16 +204,17 @@ def run_comparison(
 
 
 def prepare_inputs(
-    model: str, cache: Path, data_dir: Path, settings: GRPOSettings, family: str
+    model: str, cache: Path, data_dir: Path, settings: GRPOSettings, family: str, warm_drafter: bool = True
 ) -> tuple[QuickstartInputs, dict[str, float]]:
     """The runs' inputs (the toy's world, target and drafter, or a real model, its tasks and drafter; built once into
-    `cache`) and each stage's seconds. Run apart (`run_apart`): it loads and trains models."""
+    `cache`) and each stage's seconds. Run apart (`run_apart`): it loads and trains models. warm_drafter=False: no
+    drafter is built; TLT's starts from the target."""
     timer = StageTimer()
     if model == TOY:
-        return prepare_toy(cache, timer, family), timer.seconds
+        return prepare_toy(cache, timer, family, warm_drafter), timer.seconds
     from verl_tlt.quickstart.real_model import prepare_real_model
 
-    return prepare_real_model(model, cache, data_dir, settings, timer), timer.seconds
+    return prepare_real_model(model, cache, data_dir, settings, timer, warm_drafter), timer.seconds
 
 
 def group_drafts_summary(runs: dict[str, list[dict]]) -> dict[str, Any]:
