@@ -277,18 +277,25 @@ def test_every_engine_option_reaches_the_engines_config(tiny_qwen2):  # noqa: F8
     assert (server.engine.config.max_num_seqs, server.engine.config.max_model_len) == (2, 64)  # verl's
 
 
-def test_a_corrupted_drafter_is_refused_while_the_rollout_goes_on(tiny_qwen2):  # noqa: F811
-    import asyncio
+def tlt_server(model_path) -> TorchRolloutServer:
+    """A bare server with TLT on (a 6-token self-test), ready to serve requests stepped by the test."""
     import itertools
 
-    from verl_tlt.drafter.model import EagleDrafterModel
-
-    server = bare_server(tiny_qwen2[0])
+    server = bare_server(model_path)
     server.config.custom = {"tlt": {"enabled": True, "drafter": {"self_test_tokens": 6}}}
     server._ids, server._futures, server._work = itertools.count(), {}, threading.Event()
     server.global_steps, server._drafter_sync = 1, None
     server._run_engine = lambda: None
     init_engine_keeping_threads(server)
+    return server
+
+
+def test_a_corrupted_drafter_is_refused_while_the_rollout_goes_on(tiny_qwen2):  # noqa: F811
+    import asyncio
+
+    from verl_tlt.drafter.model import EagleDrafterModel
+
+    server = tlt_server(tiny_qwen2[0])
     generate = asyncio.new_event_loop()
 
     def serve(prompt):  # one request, stepped here (no engine thread)
@@ -379,17 +386,11 @@ def test_a_loaded_drafter_gets_timed_step_costs_and_the_first_prompt_probes_it(t
     """The first drafter load times the replica's steps; the first rollout's first prompt is remembered before the
     wake-up self-test, so even that rollout's policy knows the drafter's acceptance (and says if it cannot pay)."""
     import asyncio
-    import itertools
     import logging
 
     from verl_tlt.drafter.model import EagleDrafterModel
 
-    server = bare_server(tiny_qwen2[0])
-    server.config.custom = {"tlt": {"enabled": True, "drafter": {"self_test_tokens": 6}}}
-    server._ids, server._futures, server._work = itertools.count(), {}, threading.Event()
-    server.global_steps, server._drafter_sync = 1, None
-    server._run_engine = lambda: None
-    init_engine_keeping_threads(server)
+    server = tlt_server(tiny_qwen2[0])
     policy = server.engine.policy
     assert server.update_drafter(EagleDrafterModel.from_target(server.engine.model).state_dict(), version=0)
     assert policy.costs is not None and {"plain", "4_1_4", "8_4_16"} <= set(policy.costs.table.seconds)

@@ -129,22 +129,20 @@ class DrafterPool:
 
     def busy(self, rank: int) -> bool:
         """Whether calls queued on `rank` are still running: deliver's, update_target_weights', a checkpoint."""
-        calls = [call for r, call in self._pending if r == rank]
-        if isinstance(self._saving, PendingSave) and self._saving.rank == rank:
-            calls += [self._saving.save_call, self._saving.done_call]
-        if not calls:
-            return False
-        ready, _ = ray.wait(calls, num_returns=len(calls), timeout=0)
-        return len(ready) < len(calls)
+        return not self._finished(rank, wait_s=0.0)
 
     def _quiet(self, rank: int) -> bool:
         """Whether `rank` has no queued call running, waiting up to QUIET_WAIT_S for them to finish."""
+        return self._finished(rank, wait_s=QUIET_WAIT_S)
+
+    def _finished(self, rank: int, wait_s: float) -> bool:
+        """Whether every call queued on `rank` (a checkpoint's included) has finished, waiting up to `wait_s`."""
         calls = [call for r, call in self._pending if r == rank]
         if isinstance(self._saving, PendingSave) and self._saving.rank == rank:
             calls += [self._saving.save_call, self._saving.done_call]
         if not calls:
             return True
-        ready, _ = ray.wait(calls, num_returns=len(calls), timeout=QUIET_WAIT_S)
+        ready, _ = ray.wait(calls, num_returns=len(calls), timeout=wait_s)
         return len(ready) == len(calls)
 
     def update_target_weights(self, named_tensors: dict) -> None:
