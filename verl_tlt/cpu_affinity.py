@@ -1,4 +1,5 @@
-"""Pin this process to a set of CPU cores: the rollout server of a CPU replica, and its drafter worker, on the same.
+"""Pin this process to a set of CPU cores (the rollout server of a CPU replica, and its drafter worker, on the same),
+and put it in the idle scheduling class (a drafter worker: the cycles nobody else wants).
 
 `os.sched_setaffinity(0, ...)` pins the calling thread only (on Linux, pid 0 is the caller's thread), and the
 threads a process already runs (Ray's, torch's OpenMP team) keep their own mask; so every thread of the process is
@@ -47,3 +48,22 @@ def _thread_ids() -> list[int]:
         return [int(name) for name in os.listdir("/proc/self/task")]
     except OSError:  # no procfs: the calling thread only
         return []
+
+
+def use_idle_class() -> bool:
+    """Put every thread of this process under SCHED_IDLE (Linux): it runs only when nothing else wants the core, and
+    the kernel's wake-up placement treats a core running only idle-class work as free. True if it took effect
+    (False, logged, where the OS has no such class or refuses)."""
+    if not hasattr(os, "SCHED_IDLE"):
+        logger.warning("This OS has no idle scheduling class; process %d keeps its niceness only", os.getpid())
+        return False
+    try:
+        for thread_id in [*_thread_ids(), 0]:
+            try:
+                os.sched_setscheduler(thread_id, os.SCHED_IDLE, os.sched_param(0))
+            except ProcessLookupError:  # a thread that ended meanwhile
+                continue
+    except PermissionError as error:
+        logger.warning("Cannot move process %d to the idle scheduling class (%s); niceness only", os.getpid(), error)
+        return False
+    return True

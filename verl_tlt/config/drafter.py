@@ -222,6 +222,16 @@ class DrafterConfig:
             "to those; lower trains more per idle second at some cost to the replicas still decoding."
         },
     )
+    cpu_idle_class: bool = field(
+        default=True,
+        metadata={
+            "help": "On a CPU machine (Linux), run the drafter workers under the idle scheduling class (SCHED_IDLE): "
+            "they get a core only when nothing else wants it, and the kernel places woken processes (verl's agent "
+            "loop, Ray) on a core that runs only such work as if it were free, so a burst on a drained replica's core "
+            "does not push them onto the core a replica still decodes on. Stronger than cpu_niceness; false = "
+            "niceness only."
+        },
+    )
     poll_interval_s: float = field(
         default=0.02,
         metadata={

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from verl_tlt.config import DrafterConfig
-from verl_tlt.cpu_affinity import pin_process
+from verl_tlt.cpu_affinity import pin_process, use_idle_class
 from verl_tlt.drafter.data import DrafterSample
 from verl_tlt.drafter.evaluate import ScoreRun, evaluate_within, evaluation_indices, subsample_for_evaluation
 from verl_tlt.drafter.memory_budget import MemoryBudget, budget_bytes
@@ -65,12 +65,15 @@ class DrafterWorker:
         checkpoint_dir: str | None = None,
         device: str = "cpu",
         cpu_cores: list[int] | None = None,
+        idle_class: bool = False,
     ):
         """checkpoint_dir: where every training burst that changed the drafter is checkpointed, asynchronously
         (`<dir>/latest`); None = no per-burst checkpoints (verl's checkpoints still save the drafter). device: where
         bursts train (`integrations.control.placement`); scores, labels and checkpoints run in host memory.
-        cpu_cores: pin this process to them (its replica's cores on CPU); None = where the OS places it."""
+        cpu_cores: pin this process to them (its replica's cores on CPU); None = where the OS places it. idle_class:
+        run under the OS's idle scheduling class (`cpu_affinity.use_idle_class`; a CPU worker)."""
         self.cpu_cores = pin_process(cpu_cores) if cpu_cores else []
+        self.idle_class = use_idle_class() if idle_class else False
         if num_threads:
             torch.set_num_threads(num_threads)
         if cpu_niceness > 0:
@@ -191,6 +194,7 @@ class DrafterWorker:
             "rank": self.rank,
             "scores_skipped": self.scores_skipped,
             "cpu_cores": self.cpu_cores,
+            "idle_class": self.idle_class,
             **self.spot.status(),
         }
 

@@ -254,6 +254,7 @@ def test_drafter_workers_start_beside_their_replicas_with_the_configured_nicenes
     assert [kwargs["cpu_niceness"] for _, kwargs in started] == [3, 3]
     assert [kwargs["num_threads"] for _, kwargs in started] == [2, 2]  # as many threads as the replica's engine
     assert [kwargs["cpu_cores"] for _, kwargs in started] == [[0], [1]]  # pinned to its replica's cores
+    assert [kwargs["idle_class"] for _, kwargs in started] == [True, True]  # the cycles nobody else wants
     assert [kwargs["rank"] for _, kwargs in started] == [0, 1]
     assert all(options["num_cpus"] == 0 for options, _ in started)
     assert started[1][1]["checkpoint_dir"] == str(tmp_path / "tlt_spot" / "worker_1")
@@ -266,6 +267,7 @@ def test_drafter_workers_of_gpu_replicas_train_on_their_replicas_first_gpu(monke
     started = start_workers(monkeypatch, tmp_path, [["4", "5"], ["6", "7"]], {})
     assert [kwargs["device"] for _, kwargs in started] == ["cuda:0", "cuda:0"]
     assert [kwargs["cpu_cores"] for _, kwargs in started] == [None, None]  # a GPU's worker is not pinned
+    assert [kwargs["idle_class"] for _, kwargs in started] == [False, False]  # nor idle-class: it feeds the GPU
     envs = [options["runtime_env"]["env_vars"] for options, _ in started]
     assert [env["CUDA_VISIBLE_DEVICES"] for env in envs] == ["4", "6"]
     assert all(env["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] == "1" for env in envs)

@@ -17,7 +17,9 @@ and its drafter worker is pinned to the same cores, so a burst on a drained repl
 only and never slows a replica still decoding (the OS would otherwise run it wherever a core looked free, the
 decoding one included). The CPU quickstart's layout, 2 replicas on 2 cores, gives each replica and its worker one
 core. With fewer cores than replicas, replica i shares core i mod c with the others mapped there: pinned, but no
-longer alone. The actor's update runs while the replicas sleep and their workers idle (a worker works only in a
+longer alone. A CPU worker also runs in the OS's idle scheduling class (`tlt.drafter.cpu_idle_class`): verl's own
+processes (agent loop, Ray), which no one pins, then find the drained core free when they wake, instead of crowding
+the core a replica still decodes on. The actor's update runs while the replicas sleep and their workers idle (a worker works only in a
 burst), so neither competes with it.
 
 Pure: no Ray, no torch; the runtime passes what the replica's server reports.

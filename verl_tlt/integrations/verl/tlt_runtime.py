@@ -181,6 +181,7 @@ class TLTRuntime:
                     checkpoint_dir=str(self._spot_checkpoint_root() / f"worker_{rank}"),
                     device=placement.device,
                     cpu_cores=cores or None,
+                    idle_class=self.tlt.drafter.cpu_idle_class and placement.device == "cpu",
                 )
             )
             workers.append(worker)
