@@ -176,3 +176,22 @@ def test_drafter_target_builds_no_drafter_and_starts_tlt_from_the_target(monkeyp
     assert "drafter" not in stages and "tlt.drafter.init=target" in quickstart_overrides(inputs, settings)
     assert _tree().parse_args(["quickstart", "--drafter", "target"]).drafter == "target"
     assert _tree().parse_args(["quickstart"]).drafter == "warmup"
+
+
+def test_a_relative_out_reaches_the_runs_absolute(monkeypatch, tmp_path):
+    """verl runs in each run's own folder, so a relative --out (the default) must not reach it relative: the real
+    model's task files live under it."""
+    import verl_tlt.quickstart.runner as runner
+
+    seen = {}
+
+    def stop_here(cache, out, **kwargs):
+        seen["out"] = out
+        raise SystemExit(0)
+
+    monkeypatch.setattr(runner, "run_comparison", stop_here)
+    monkeypatch.chdir(tmp_path)
+    args = _tree().parse_args(["quickstart", "--out", "outputs/qs", "--no-plot"])
+    with pytest.raises(SystemExit):
+        cli.run(args)
+    assert seen["out"] == tmp_path / "outputs" / "qs" and seen["out"].is_absolute()

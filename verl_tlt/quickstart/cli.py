@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
             f"tlt.drafter.family={args.family} tlt.drafter.init=<its folder>",
         )
     chosen = {f.name: getattr(args, f.name) for f in fields(GRPOSettings) if getattr(args, f.name) is not None}
-    out = Path(args.out)
+    out = Path(args.out).resolve()  # verl runs in each run's folder: every path it is given must be absolute
     summary = run_comparison(
         Path(args.cache) if args.cache else default_cache_root(),
         out,
