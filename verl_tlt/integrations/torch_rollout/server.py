@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -33,6 +34,9 @@ from verl_tlt.policy.cost_model import CostModel
 from verl_tlt.request_seeds import GROUP_KWARG
 
 logger = logging.getLogger(__name__)
+# Like verl's own modules: INFO unless VERL_LOGGING_LEVEL says otherwise, so the server's start-up (its cores, its
+# timed step costs) shows in the run log.
+logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
 
 _DTYPES = {
     "float32": torch.float32,
