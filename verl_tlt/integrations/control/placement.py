@@ -19,8 +19,8 @@ decoding one included). The CPU quickstart's layout, 2 replicas on 2 cores, give
 core. With fewer cores than replicas, replica i shares core i mod c with the others mapped there: pinned, but no
 longer alone. A CPU worker also runs in the OS's idle scheduling class (`tlt.drafter.cpu_idle_class`): verl's own
 processes (agent loop, Ray), which no one pins, then find the drained core free when they wake, instead of crowding
-the core a replica still decodes on. The actor's update runs while the replicas sleep and their workers idle (a worker works only in a
-burst), so neither competes with it.
+the core a replica still decodes on. The actor's update runs while the replicas sleep and their workers idle (a
+worker works only in a burst), so neither competes with it.
 
 Pure: no Ray, no torch; the runtime passes what the replica's server reports.
 """
