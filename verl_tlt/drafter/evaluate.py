@@ -25,9 +25,22 @@ EVAL_CHUNK_POSITIONS = 256
 EVAL_GROUP_TOKENS = 512
 
 
+class ScoreInterrupted(Exception):
+    """A score's caller asked it to stop (`should_stop`) in the middle of a group: that group is not scored."""
+
+
+def _check(should_stop: Callable[[], bool] | None) -> None:
+    if should_stop is not None and should_stop():
+        raise ScoreInterrupted
+
+
 @torch.no_grad()
 def evaluate_drafter(
-    model: EagleDrafterModel, samples: list, max_tokens_per_batch: int = 4096, depth: int = ESTIMATE_DEPTH
+    model: EagleDrafterModel,
+    samples: list,
+    max_tokens_per_batch: int = 4096,
+    depth: int = ESTIMATE_DEPTH,
+    should_stop: Callable[[], bool] | None = None,
 ) -> dict[str, float]:
     """How well `model` drafts for `samples` it has not trained on (teacher-forced, over response positions).
 
@@ -47,11 +60,21 @@ def evaluate_drafter(
     (`verl_tlt.drafter.unroll`): 1 + the sum over depths of the product of the shared-noise agreements so far. A
     chain that would run past the end of its sample stops there. chain_greedy_acceptance_length: the same for
     greedy drafts accepted with the target's probability of them.
-    """
-    from verl_tlt.drafter.data import pack, windows
 
+    should_stop(): checked before every noise draw; once it says so, ScoreInterrupted is raised (what a burst's
+    stop needs: a draw over [EVAL_CHUNK_POSITIONS, vocabulary], not a whole score, at a 49k vocabulary).
+    """
     was_training = model.training
     model.eval()
+    try:
+        return _evaluate(model, samples, max_tokens_per_batch, depth, should_stop)
+    finally:
+        model.train(was_training)
+
+
+def _evaluate(model, samples, max_tokens_per_batch: int, depth: int, should_stop) -> dict[str, float]:
+    from verl_tlt.drafter.data import pack, windows
+
     device, dtype = model.fc.weight.device, model.fc.weight.dtype
     pairs = agree = accept = coupled = 0.0
     noise_generator = torch.Generator().manual_seed(COUPLING_SEED)
@@ -69,7 +92,9 @@ def evaluate_drafter(
         chain_greedy += float(alive_greedy.sum())
         for level, drafted in enumerate(unrolled_forward(model, batch, depth), start=1):
             reachable = drafted.loss_mask(mask)
-            greedy, shared, same_argmax = _level_scores(model, batch.target_hidden, drafted, reachable, noise_generator)
+            greedy, shared, same_argmax = _level_scores(
+                model, batch.target_hidden, drafted, reachable, noise_generator, should_stop
+            )
             if level == 1:
                 agree += float((same_argmax & mask).sum())
                 accept += float((greedy * mask).sum())
@@ -78,7 +103,6 @@ def evaluate_drafter(
             chain_coupled += float(alive_coupled.sum())
             chain_greedy += float(alive_greedy.sum())
         pairs += float(mask.sum())
-    model.train(was_training)
     if not pairs:
         return {}
     accept_prob = accept / pairs
@@ -95,7 +119,12 @@ def evaluate_drafter(
 
 
 def _level_scores(
-    model: EagleDrafterModel, target_hidden: torch.Tensor, drafted, scored: torch.Tensor, generator: torch.Generator
+    model: EagleDrafterModel,
+    target_hidden: torch.Tensor,
+    drafted,
+    scored: torch.Tensor,
+    generator: torch.Generator,
+    should_stop: Callable[[], bool] | None = None,
 ):
     """[1, N] each, for one depth of the unrolled chain: the target's probability of the drafter's argmax, the
     shared-noise agreement, and whether the two argmaxes match; computed where `scored` [1, N] is True (response
@@ -112,23 +141,30 @@ def _level_scores(
     same_argmax = torch.zeros(1, num_positions, dtype=torch.bool, device=greedy.device)
     positions = scored[0].nonzero().squeeze(-1)
     for start in range(0, positions.numel(), EVAL_CHUNK_POSITIONS):
+        _check(should_stop)
         rows = positions[start : start + EVAL_CHUNK_POSITIONS]
         logits = model.logits(drafted.features[:, rows])
         probs = model.target_logits(target_hidden[:, drafted.target_index[rows]]).float().softmax(-1)
         pick = logits.argmax(-1, keepdim=True)
         greedy[:, rows] = probs.gather(-1, pick).squeeze(-1)
-        shared[:, rows] = _coupled_agreement(logits, probs, generator)
+        shared[:, rows] = _coupled_agreement(logits, probs, generator, should_stop)
         same_argmax[:, rows] = pick.squeeze(-1) == probs.argmax(-1)
     return greedy, shared, same_argmax
 
 
-def _coupled_agreement(draft_logits: torch.Tensor, target_probs: torch.Tensor, generator: torch.Generator):
+def _coupled_agreement(
+    draft_logits: torch.Tensor,
+    target_probs: torch.Tensor,
+    generator: torch.Generator,
+    should_stop: Callable[[], bool] | None = None,
+):
     """[..., N]: the share of COUPLING_DRAWS shared-noise Gumbel-max draws on which drafter and target pick alike
     (one draw at a time: each is a [..., N, V] tensor)."""
     draft_log_probs = draft_logits.float().log_softmax(-1)
     target_log_probs = target_probs.clamp(min=1e-30).log()
     agree = torch.zeros(target_probs.shape[:-1], device=target_probs.device)
     for _ in range(COUPLING_DRAWS):
+        _check(should_stop)
         uniform = torch.rand(target_probs.shape, generator=generator).clamp_(min=1e-20).to(target_probs.device)
         gumbel = -torch.log(-torch.log(uniform))
         agree += ((draft_log_probs + gumbel).argmax(-1) == (target_log_probs + gumbel).argmax(-1)).float()
@@ -195,7 +231,10 @@ class ScoreRun:
         max_tokens_per_batch: int,
         max_seconds: float,
         clock: Callable[[], float] = time.monotonic,
+        should_stop: Callable[[], bool] | None = None,
     ):
+        """should_stop(): interrupts a group in the middle (`evaluate_drafter`); the group is scored afresh by the
+        next `step()`."""
         from verl_tlt.drafter.data import windows
 
         self.models, self.max_tokens_per_batch, self.max_seconds, self.clock = (
@@ -204,6 +243,7 @@ class ScoreRun:
             max_seconds,
             clock,
         )
+        self.should_stop = should_stop
         group_tokens = min(max_tokens_per_batch, EVAL_GROUP_TOKENS)
         self.num_samples = len(samples)
         # (sample index, window): a sample counts as scored once its last window is.
@@ -224,14 +264,23 @@ class ScoreRun:
         return self.parts[next(iter(self.models))] if self.models else []
 
     def step(self) -> bool:
-        """Score the next group with every model; False (and nothing scored) once `finished`."""
+        """Score the next group with every model; False (and nothing scored) once `finished`, or when `should_stop`
+        interrupted it (the group is scored afresh next time)."""
         if self.finished:
             return False
         begin = self.clock()
         group = self.groups[len(self.parts_scored())]
-        for name, model in self.models.items():
-            self.parts[name].append(evaluate_drafter(model, [piece for _, piece in group], self.max_tokens_per_batch))
-        self.seconds += self.clock() - begin
+        found = {}
+        try:
+            for name, model in self.models.items():
+                pieces = [piece for _, piece in group]
+                found[name] = evaluate_drafter(model, pieces, self.max_tokens_per_batch, should_stop=self.should_stop)
+        except ScoreInterrupted:
+            return False
+        finally:
+            self.seconds += self.clock() - begin
+        for name, scores in found.items():
+            self.parts[name].append(scores)
         self.done += len(group)
         last = self.pieces[self.done - 1][0]
         self.scored = last + 1 if self.done == len(self.pieces) or self.pieces[self.done][0] != last else last

@@ -217,9 +217,11 @@ class DrafterWorker:
             self.frozen.to(self.spot.trainer.device)
             models = {"online": self.spot.trainer.model, "frozen": self.frozen}
             budget = self.config.eval_max_seconds
-            self._score_run = ScoreRun(models, samples, self.config.max_tokens_per_batch, budget)
+            stop = self.spot.stop_event.is_set
+            self._score_run = ScoreRun(models, samples, self.config.max_tokens_per_batch, budget, should_stop=stop)
         run = self._score_run
-        if run.step() and not run.finished:
+        run.step()  # interrupted by a stop: the group is scored afresh by the next burst
+        if not run.finished:
             return
         scores, scored = run.result()
         flat = {f"{name}_{key}": value for name, found in scores.items() for key, value in found.items()}
