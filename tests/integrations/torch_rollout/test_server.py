@@ -414,3 +414,20 @@ def test_a_loaded_drafter_gets_timed_step_costs_and_the_first_prompt_probes_it(t
     assert set(report) == {"unpaid_plain_steps", "cannot_pay", "arms"}
     if report["cannot_pay"] is not None:  # a random tiny target's drafter: the log says why it decodes plainly
         assert "cannot pay" in caplog.text and "alpha=" in caplog.text
+
+
+def test_no_wake_up_test_for_a_drafter_the_policy_found_cannot_pay(tiny_qwen2):  # noqa: F811
+    """A drafter that cannot pay is used only by the bandit's probes: re-testing it before every rollout would only
+    cost the rollout. One that can pay is tested as before."""
+    from verl_tlt.policy.cost_model import CostModel, StepCostTable
+
+    server = tlt_server(tiny_qwen2[0])
+    policy = server.engine.policy
+    table = StepCostTable({"plain": {1: 0.01}, **{name: {1: 0.05} for name in policy.strategies}})
+    policy.attach_costs(CostModel(table, policy.strategies, prior_alpha=0.05))
+    server._tested_since_sleep = False
+    server.wake_up(tags=["kv_cache"])
+    assert policy.cannot_pay() is not None and not server._wake_test_due
+    policy.new_drafter(0.99)  # a drafter that pays
+    server.wake_up(tags=["kv_cache"])
+    assert policy.cannot_pay() is None and server._wake_test_due
