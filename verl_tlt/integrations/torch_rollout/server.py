@@ -22,15 +22,14 @@ from verl_tlt.config import TLTConfig, rollout_tlt_view
 from verl_tlt.cpu_affinity import available_cores, pin_process
 from verl_tlt.engine import CompletionOutput, GroupDrafts, RolloutEngine, SamplingParams
 from verl_tlt.engine.drafts.self_test import DrafterSelfTest
-from verl_tlt.engine.step_costs import measure_step_costs, timed_batch_sizes
 from verl_tlt.integrations.control.bookkeeping import RolloutBookkeeping
 from verl_tlt.integrations.control.placement import replica_cpu_cores
 from verl_tlt.integrations.torch_rollout.options import engine_config, torch_rollout_config
+from verl_tlt.integrations.torch_rollout.policy_costs import refresh_policy_costs
 from verl_tlt.metrics.rollout_trace import RolloutTrace, append_jsonl, weights_sha256
 from verl_tlt.modeling.model import UnsupportedModelError
 from verl_tlt.modeling.torch_threads import with_torch_threads
 from verl_tlt.policy.adaptive import AdaptivePolicy
-from verl_tlt.policy.cost_model import CostModel
 from verl_tlt.request_seeds import GROUP_KWARG
 
 logger = logging.getLogger(__name__)
@@ -268,45 +267,10 @@ class TorchRolloutServer(RolloutBookkeeping):
         return stats
 
     def _refresh_costs(self) -> None:
-        """After a drafter load or a passing wake-up test (engine idle, lock held): the policy's acceptance from the
-        self-test's probe, and, the first time, the replica's step costs (policy.cost_model). A drafter the model
-        says cannot pay is logged with the numbers; the replica then decodes plainly but for probes."""
-        policy = self.engine.policy
-        if not isinstance(policy, AdaptivePolicy) or self.engine.drafter is None:
-            return
-        if policy.costs is None:
-            begin = time.perf_counter()
-            try:
-                table = measure_step_costs(
-                    self.engine,
-                    timed_batch_sizes(policy.threshold, self.engine.max_num_seqs),
-                    list(policy.strategies.values()),
-                    report=lambda line: logger.info("torch rollout server %d step costs, %s", self.replica_rank, line),
-                )
-            except (RuntimeError, ValueError) as error:  # the policy then plays every arm first, as without costs
-                logger.warning(
-                    "torch rollout server %d: step costs not measured (%s); the policy learns them by playing",
-                    self.replica_rank,
-                    error,
-                )
-                return
-            policy.attach_costs(CostModel(table, policy.strategies))
-            logger.info(
-                "torch rollout server %d timed its decode steps in %.1f s",
-                self.replica_rank,
-                time.perf_counter() - begin,
-            )
+        """After a drafter load or a passing wake-up test (engine idle, lock held): the policy's costs and the
+        drafter's probed acceptance (`policy_costs.refresh_policy_costs`)."""
         probe = self._self_test.reference if self._self_test is not None else None
-        policy.new_drafter(probe)
-        reason = policy.cannot_pay()
-        if reason is not None:
-            logger.warning(
-                "torch rollout server %d: drafter version %s cannot pay: %s; decoding plainly (probes aside) until a "
-                "drafter that pays is loaded",
-                self.replica_rank,
-                self.drafter_version(),
-                reason,
-            )
+        refresh_policy_costs(self.engine, probe, self.replica_rank, self.drafter_version())
 
     def _num_in_flight(self) -> int:
         return len(self._futures)
