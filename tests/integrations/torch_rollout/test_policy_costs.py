@@ -42,3 +42,21 @@ def test_nothing_happens_without_a_drafter_or_an_adaptive_policy(tiny_qwen2):  #
     engine = RolloutEngine.from_pretrained(str(tiny_qwen2[0]), max_num_seqs=4, policy=policy)
     refresh_policy_costs(engine, 0.9, replica_rank=0, version=0)
     assert policy.costs is None
+
+
+def test_a_drafter_that_cannot_pay_is_logged_with_its_numbers(tiny_qwen2, monkeypatch, caplog):  # noqa: F811
+    """Recorded step costs (not this host's timing): with a probe that agreed nowhere, no strategy can pay, and the
+    replica says so, with the acceptance and the best arm's predicted share of plain."""
+    import verl_tlt.integrations.torch_rollout.policy_costs as policy_costs
+    from verl_tlt.policy.cost_model import StepCostTable
+
+    recorded = StepCostTable({"plain": {1: 0.05, 4: 0.06}, "4_1_4": {1: 0.15, 4: 0.2}, "2_1_2": {1: 0.1, 4: 0.13}})
+    monkeypatch.setattr(policy_costs, "measure_step_costs", lambda *args, **kwargs: recorded)
+    path, hf_model = tiny_qwen2
+    policy = AdaptivePolicy(CONFIG)
+    engine = RolloutEngine.from_pretrained(str(path), max_num_seqs=4, drafter=HFModelDrafter(hf_model), policy=policy)
+    with caplog.at_level(logging.WARNING):
+        refresh_policy_costs(engine, 0.0, replica_rank=1, version=7)
+    assert "torch rollout server 1: drafter version 7 cannot pay: with acceptance alpha=0.00" in caplog.text
+    assert "2_1_2 at batch 1, is predicted at 0.50x plain's rate" in caplog.text
+    assert engine.policy.select(1) is None  # plain from the first step
