@@ -115,9 +115,14 @@ def test_a_crashing_drafter_worker_does_not_stop_the_real_model_run(smollm2_runs
 
 
 def test_the_replicas_self_test_their_drafter_in_the_run(smollm2_runs):
-    """Probes come from the first rollout's prompts, so the second step's wake-up tests the drafter; one drafter
-    from the target accepts too little to be a reference, so nothing is refused."""
+    """The first rollout's first prompt is the probe, remembered before the wake-up test, so each replica tests its
+    drafter at step 1 (and its policy knows the drafter's acceptance from the first step); one drafter from the target
+    accepts too little to be a reference, so nothing is refused. A replica whose policy then finds that drafter
+    cannot pay does not test it again before each rollout (only the bandit's probes use it)."""
     _, runs = smollm2_runs
-    last = runs["on"].metrics[-1]
-    assert last["tlt/drafter/self_test_runs"] >= 1 and last["tlt/drafter/self_test_refused"] == 0
-    assert 0.0 <= last["tlt/drafter/self_test_accept_rate"] <= 1.0
+    first, last = runs["on"].metrics[0], runs["on"].metrics[-1]
+    assert first["tlt/drafter/self_test_runs"] == 2 and first["tlt/drafter/self_test_refused"] == 0
+    assert 0.0 <= first["tlt/drafter/self_test_accept_rate"] <= 1.0
+    same_drafter = last["tlt/drafter/rollout_version_max"] == first["tlt/drafter/rollout_version_max"]
+    if same_drafter and first["tlt/sd/cannot_pay_replicas"] == 2:
+        assert last["tlt/drafter/self_test_runs"] == 0
