@@ -62,6 +62,23 @@ def test_start_then_stop_publishes_a_new_version_and_checkpoints(spot):
     assert load_state(trainer.checkpoint_dir / "latest", kind=CHECKPOINT_KIND)["global_step"] == report.steps
 
 
+def test_a_burst_stopped_as_soon_as_it_starts_takes_its_first_step(spot):
+    """The stop comes before the burst's thread ran at all (as on a host whose cores the rollout holds): the first
+    optimizer step is taken anyway, and no second one."""
+    trainer, engine = spot
+    trainer.add_samples(samples(engine))
+    onload = trainer.trainer.to_device
+
+    def onload_then_told_to_stop(device):  # the burst's thread, before its loop's first check
+        onload(device)
+        trainer.stop_event.set()
+
+    trainer.trainer.to_device = onload_then_told_to_stop
+    assert trainer.start()
+    report = trainer.stop()
+    assert report.stopped_by == "stop" and report.steps == 1 and trainer.version == 1
+
+
 def test_samples_can_arrive_while_training_runs(spot):
     trainer, engine = spot
     trainer.add_samples(samples(engine, count=2))

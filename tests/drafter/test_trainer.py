@@ -135,6 +135,24 @@ def test_stop_event_ends_training_within_one_step(target):
     assert report.stopped_by == "stop" and report.steps == 3
 
 
+def test_between_steps_runs_after_each_optimizer_step_so_a_stopped_burst_has_trained(target):
+    """The worker scores between steps; a stop during the first score still leaves the first step taken."""
+    _, engine, samples = target
+    trainer = make_trainer(engine, samples)
+    stop, seen = threading.Event(), []
+
+    def score_then_stop() -> None:
+        seen.append(trainer.global_step)
+        stop.set()  # as a rollout that ends while the burst scores
+
+    report = trainer.train(stop=stop, max_steps=5, between_steps=score_then_stop)
+    assert seen == [1] and report.steps == 1 and report.stopped_by == "stop"
+    stop.clear()
+    seen.clear()
+    trainer.train(max_steps=3, between_steps=lambda: seen.append(trainer.global_step))
+    assert seen == [2, 3, 4]
+
+
 def test_deadline_ends_training(target):
     _, engine, samples = target
     report = make_trainer(engine, samples).train(deadline=time.monotonic() + 0.2)

@@ -253,7 +253,7 @@ def stepped(samples: list[DrafterSample], step: int) -> list[DrafterSample]:
 
 
 def run_burst(worker: DrafterWorker, steps_wanted: int = 2) -> dict:
-    """worker.start(), wait for `steps_wanted` optimizer steps (the score runs first), then worker.stop()."""
+    """worker.start(), wait for `steps_wanted` optimizer steps (a score group runs after each), then worker.stop()."""
     wanted = worker.spot.trainer.global_step + steps_wanted
     assert worker.start()
     deadline = time.monotonic() + 60
@@ -263,7 +263,7 @@ def run_burst(worker: DrafterWorker, steps_wanted: int = 2) -> dict:
     return worker.stop()
 
 
-def test_receive_stores_now_and_the_next_burst_scores_before_it_trains(varied_qwen2, samples):
+def test_receive_stores_now_and_the_next_burst_scores_after_its_first_step(varied_qwen2, samples):
     worker = make_worker(varied_qwen2[0])
     assert worker.receive(stepped(samples, 3)) == len(samples) and len(worker.spot.trainer.buffer) == len(samples)
     buffer = worker.spot.trainer.buffer
@@ -271,10 +271,20 @@ def test_receive_stores_now_and_the_next_burst_scores_before_it_trains(varied_qw
     report = run_burst(worker)
     scores = report["scores"]
     assert scores["step"] == 3.0 and scores["samples"] == 2 and scores["seconds"] > 0
-    # One group, scored before the burst's first step: the online drafter was still the initial one.
-    assert scores["online_accept_prob"] == pytest.approx(scores["frozen_accept_prob"])
+    # One group, scored after the burst's first step (it trains first: a short idle window still moves the drafter):
+    # the online drafter had taken that step, the frozen one had not.
+    assert scores["online_accept_prob"] != pytest.approx(scores["frozen_accept_prob"], abs=1e-6)
     assert report["burst_steps"] >= 2 and not buffer.held  # scored: they train from now on
     assert "scores" not in run_burst(worker)  # scored once: the next burst only trains
+
+
+def test_a_step_of_one_sample_is_not_held_out_so_its_burst_trains(varied_qwen2, samples):
+    """Holding a step's only sample would leave the burst nothing to train on (and the score runs after a step)."""
+    worker = make_worker(varied_qwen2[0])
+    worker.receive(stepped(samples[:1], 1))
+    assert not worker.spot.trainer.buffer.held
+    report = run_burst(worker, steps_wanted=1)
+    assert report["burst_steps"] >= 1 and "scores" not in report
 
 
 def test_the_score_mark_moves_with_the_training_state(varied_qwen2, samples):
@@ -308,7 +318,8 @@ def test_a_burst_held_in_its_score_still_stops_when_told(varied_qwen2, samples, 
     assert worker.start()
     time.sleep(0.1)  # whether the hold has begun or not, the stop must end the burst
     report = worker.stop()
-    assert not worker.spot.is_running and report["burst_steps"] == 0 and "scores" not in report
+    # The burst's first optimizer step is taken whenever the stop comes (the score follows it), never a second one.
+    assert not worker.spot.is_running and report["burst_steps"] == 1 and "scores" not in report
     assert not release.exists()
 
 

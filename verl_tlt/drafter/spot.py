@@ -28,6 +28,9 @@ from verl_tlt.modeling.torch_threads import with_torch_threads
 
 logger = logging.getLogger(__name__)
 
+# Optimizer steps a burst takes before it heeds a stop: its start (a handoff, an onload) is never wasted.
+FIRST_STEPS = 1
+
 
 class SpotTrainer:
     def __init__(
@@ -82,7 +85,7 @@ class SpotTrainer:
     def start(self, max_steps: int | None = None, between_steps: Callable[[], None] | None = None) -> bool:
         """Begin background training; False if it is already running or there is nothing to train on.
 
-        between_steps(): called in the burst's thread before every optimizer step (the worker scores a group of
+        between_steps(): called in the burst's thread after every optimizer step (the worker scores a group of
         samples there); it should take about a step's time. An exception in it is logged, and it is not called
         again in this burst, which trains on."""
         if self.is_running:
@@ -161,7 +164,11 @@ class SpotTrainer:
             begin = time.monotonic()
             self.trainer.to_device(self.device)  # onload (a no-op on the host)
             timings["onload_s"] = time.monotonic() - begin
-            report = self.trainer.train(stop=stop, max_steps=max_steps, between_steps=_guarded(between_steps))
+            # The burst's first step is taken even if the rollout ends meanwhile (the stop waits for it either way):
+            # on a busy host the thread may get its first slice of a core only after the stop.
+            report = self.trainer.train(
+                stop=stop, max_steps=max_steps, between_steps=_guarded(between_steps), min_steps=FIRST_STEPS
+            )
             self._result = {"report": report, "over_budget": stop.over_budget}
         except Exception as error:  # a failing drafter must never kill the RL run
             out_of_memory = is_out_of_memory(error)

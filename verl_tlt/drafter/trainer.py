@@ -204,17 +204,21 @@ class DrafterTrainer:
         deadline: float | None = None,
         progress: Progress | None = None,
         between_steps: Callable[[], None] | None = None,
+        min_steps: int = 0,
     ) -> TrainReport:
         """Run optimizer steps until max_steps, `stop` is set, time.monotonic() passes deadline, or no data.
 
         The checks happen before every step, so once told to stop this returns within one step's time.
         progress: told the optimizer steps taken after every step, with the last step's loss (long offline runs).
-        between_steps: called before every step, after the checks (a worker scores a group of samples there): a
-        stop then waits for at most one step or one such call.
+        between_steps: called after every optimizer step (a worker scores a group of samples there), so a burst
+        cut short still trains first: a stop then waits for at most one step or one such call.
+        min_steps: optimizer steps (taken or skipped) before `stop` is heeded: a spot burst takes its first step
+        whenever the stop comes, so a start (a handoff, an onload) is never wasted; the stop still waits for at most
+        one step.
         """
         report, start = TrainReport(), time.monotonic()
         while True:
-            if stop is not None and stop.is_set():
+            if stop is not None and report.steps + report.skipped_steps >= min_steps and stop.is_set():
                 report.stopped_by = "stop"
                 break
             if deadline is not None and time.monotonic() >= deadline:
@@ -223,11 +227,6 @@ class DrafterTrainer:
             if max_steps is not None and report.steps + report.skipped_steps >= max_steps:
                 report.stopped_by = "max_steps"
                 break
-            if between_steps is not None:
-                between_steps()
-                if stop is not None and stop.is_set():
-                    report.stopped_by = "stop"
-                    break
             batch = self.buffer.next_batch(self.config.max_tokens_per_batch)
             if batch is None:
                 report.stopped_by = "no_data"
@@ -242,6 +241,8 @@ class DrafterTrainer:
             self.trained_tokens += batch.num_pairs
             if progress is not None:
                 progress.update(report.steps, lambda: self._progress_extra(report, start))
+            if between_steps is not None:
+                between_steps()
         report.seconds = time.monotonic() - start
         self.training_seconds += report.seconds
         if report.skipped_steps:

@@ -119,6 +119,8 @@ class DrafterWorker:
             self._drop_unscored()
             half = sum(sample.num_loss_pairs for sample in samples) // 2
             held = evaluation_indices(samples, min(self.config.eval_max_pairs, half))
+            if len(held) == len(samples):  # a step too small to split (one sample): it trains, and is not scored
+                held = []
             if held:
                 self._to_score = (max(sample.step for sample in samples), [samples[i] for i in held])
         return self.spot.add_samples(samples, hold=held)
@@ -169,7 +171,8 @@ class DrafterWorker:
 
     def start(self) -> bool:
         """Begin spot training in the background; False when already running or the buffer is empty. Until the held
-        captures (`receive`) are scored, the burst scores a group of them before each optimizer step."""
+        captures (`receive`) are scored, the burst scores a group of them after each optimizer step (it trains first:
+        a short idle window still moves the drafter)."""
         self._starts += 1
         self._maybe_crash()
         self._burst_scores = None
@@ -199,7 +202,7 @@ class DrafterWorker:
         }
 
     def _score_between_steps(self) -> None:
-        """In the burst's thread, before each optimizer step: score the held set one group further (with the drafter
+        """In the burst's thread, after each optimizer step: score the held set one group further (with the drafter
         as it is then), unless a burst (of any worker: the mark moves with the training state) has scored it. Once
         done, the set's scores are this burst's and its samples join training."""
         if self._to_score is None:

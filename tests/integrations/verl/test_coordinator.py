@@ -1,4 +1,5 @@
-"""The spot coordinator: start on the first drained replica, stop when all drain, never retry a failed start."""
+"""The spot coordinator: start on the first drained replica, stop when all drain, retry a start only while the
+worker was busy with queued calls."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ class FakeClock:
 
 
 class FakePool:
-    """DrafterPool's surface: start(idle) -> rank | None, stop() -> status | None, available."""
+    """DrafterPool's surface: start(idle) -> rank | None, stop() -> status | None, available, waiting_on_calls(idle)."""
 
     def __init__(self, clock: FakeClock | None = None, start_result: int | None = 0, stop_seconds: float = 0.0):
         self.clock, self.start_result, self.stop_seconds = clock, start_result, stop_seconds
@@ -28,6 +29,7 @@ class FakePool:
         self.starts: list[list[int]] = []
         self.stops = 0
         self.stop_status: dict | None = {"burst_steps": 7, "burst_seconds": 3.5}
+        self.waiting = False  # a failed start was for queued calls still running on the worker
         self._lock = threading.Lock()
 
     def start(self, idle: list[int], prepare=None) -> int | None:
@@ -36,6 +38,9 @@ class FakePool:
         if prepare is not None and self.start_result is not None:
             prepare(self.start_result)  # as DrafterPool: for the chosen worker, before it starts
         return self.start_result
+
+    def waiting_on_calls(self, idle: list[int]) -> bool:
+        return self.waiting
 
     def stop(self) -> dict | None:
         with self._lock:
@@ -127,6 +132,21 @@ def test_a_failed_start_is_not_retried_in_the_same_rollout_and_not_counted():
     assert metrics["tlt/spot/trained_replica_s"] == 0.0 and metrics["tlt/spot/idle_share_used"] == 0.0
     assert metrics["tlt/spot/idle_replica_s"] == 5.0  # t1->2: 1, t2->3: 2, t3->4: 2, none of it used
     assert metrics["tlt/drafter/burst_steps"] == 0.0 and metrics["tlt/spot/stop_latency_s"] == 0.0
+
+
+def test_a_start_refused_while_the_worker_runs_queued_calls_is_asked_again_until_it_succeeds():
+    """The worker still stores the last step's captures when its replica drains: the coordinator asks again at the
+    next polls, and the burst starts once the calls are done."""
+    coordinator, pool, script, clock = make(2, [0, 0], start_result=None)
+    pool.waiting = True
+    run(coordinator, clock, script, [(0, [1, 1]), (1, [0, 1]), (2, [0, 1])])
+    assert pool.starts == [[0], [0]] and not coordinator.schedule.training
+    pool.waiting, pool.start_result = False, 0
+    run(coordinator, clock, script, [(3, [0, 1])])
+    assert pool.starts == [[0], [0], [0]] and coordinator.schedule.training
+    run(coordinator, clock, script, [(4, [0, 0])])
+    metrics = coordinator.finish()
+    assert pool.stops == 1 and metrics["tlt/spot/starts"] == 1.0 and metrics["tlt/spot/training_s"] == 1.0
 
 
 def test_an_unavailable_pool_is_never_asked_to_start():

@@ -147,9 +147,11 @@ def test_the_step_end_never_waits_for_a_worker(workers):
     pool.settle()
     assert pool.busy(0) and all(pool.alive) and pool.failures == 0
     assert pool.start([0]) is None  # a burst would queue behind the held call
+    assert pool.waiting_on_calls([0])  # so the coordinator asks again at its next poll
     pool.update_target_weights({"w": 1})  # queued too: nothing waits
     ray.get(gate.open.remote())
     settled(pool)
+    assert not pool.waiting_on_calls([0])
     assert all(pool.alive) and pool.start([0]) == 0
 
 
@@ -169,12 +171,20 @@ def test_a_status_read_waits_for_quick_queued_calls_and_not_for_a_stuck_one(work
     settled(pool)
 
 
-def test_training_moves_to_the_drained_replica_with_the_owners_state(workers):
+def test_training_moves_to_the_drained_replica_with_the_owners_state(workers, monkeypatch):
+    from verl_tlt.integrations.verl import drafter_pool
+
+    monkeypatch.setattr(drafter_pool, "QUIET_WAIT_S", 0.2)
     pool = DrafterPool(workers)
     pool.deliver([1])
     settled(pool)
     assert pool.start([1]) == 1
     assert pool.stop()["version"] == 1 and pool.owner == 1
+    gate = Gate.remote()
+    pool.deliver([gate])  # the next step's captures, still being stored when the step's status is read
+    assert pool.status()["version"] == 1  # the stop's report, not a status from before the burst
+    ray.get(gate.open.remote())
+    settled(pool)
     # Replica 2 drains first next time: it continues the drafter that worker 1 trained.
     assert pool.start([2]) == 2
     assert "load_training_state" in ray.get(workers[2].get_calls.remote())
@@ -194,6 +204,7 @@ def test_the_chosen_worker_is_prepared_before_it_starts(workers):
 def test_nothing_to_train_on_means_no_start(workers):
     pool = DrafterPool(workers)
     assert pool.start([0]) is None and pool.training_on is None
+    assert not pool.waiting_on_calls([0])  # refused for good in this rollout: no call would change it
 
 
 def test_a_dead_owner_is_replaced_from_the_last_published_weights(workers):
@@ -329,11 +340,11 @@ def test_an_injected_out_of_memory_in_a_real_worker_ends_the_burst_and_the_pool_
         settled(pool)
         assert pool.start([0]) == 0
         deadline = time.monotonic() + 60
-        while pool.status()["running"]:  # the burst scores the sample first, then its first step raises
+        while pool.status()["running"]:  # the burst's first step raises
             assert time.monotonic() < deadline, "hang guard: the injected out-of-memory burst did not end in 60 s"
             time.sleep(0.05)
         status = pool.stop()
-        assert status["memory_stops"] == 1 and status["burst_steps"] == 0 and "out of memory" in status["last_error"]
+        assert status["memory_stops"] == 1 and status["burst_steps"] == 0 and "out of memory" in status["last_error"], {k: v for k, v in status.items() if k != "last_metrics"}
         assert all(pool.alive) and pool.failures == 0
         assert pool.start([0]) == 0  # the worker's second burst: no fault
         deadline = time.monotonic() + 60

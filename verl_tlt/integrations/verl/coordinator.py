@@ -95,7 +95,11 @@ class SpotCoordinator:
                 r for r, (served, n) in enumerate(zip(self.schedule.served, counts, strict=True)) if served and not n
             ]
             rank = self.pool.start(idle, self.prepare) if self.pool.available else None
-            if rank is None:
+            if rank is None and self.pool.available and self.pool.waiting_on_calls(idle):
+                # The worker still stores the last step's captures or the policy's weights (on CPU it runs at idle
+                # priority, so it catches up once the replica drains): ask again at the next poll.
+                self._undo_start()
+            elif rank is None:
                 # Nothing to train on (empty buffer, first step) or no live worker: the idle time stays unused, and
                 # this rollout does not ask again.
                 self._cannot_start = True

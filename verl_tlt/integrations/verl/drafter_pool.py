@@ -180,6 +180,18 @@ class DrafterPool:
                 return None
             return None
 
+    def waiting_on_calls(self, idle_replicas: list[int]) -> bool:
+        """Whether a start on `idle_replicas` failed only because a live worker there (or the owner it would take the
+        drafter from) still runs queued calls (a step's captures, the policy's weights, a checkpoint): a start at a
+        later poll may succeed, unlike one refused for an empty buffer or a dead worker."""
+        with self._lock:
+            if self.training_on is not None:
+                return False
+            candidates = [rank for rank in idle_replicas if self.alive[rank]]
+            if candidates and self.alive[self.owner]:
+                candidates.append(self.owner)
+            return any(self.busy(rank) for rank in candidates)
+
     def stop(self) -> dict | None:
         """Preempt the running burst (within one optimizer step); the worker's status, or None."""
         with self._lock:
@@ -190,6 +202,7 @@ class DrafterPool:
             status = self._get(rank, self.workers[rank].stop.remote())
             if status is not None:
                 self.owner = rank
+                self._last_status = status  # what status() gives while the worker runs calls queued after the stop
             return status
 
     def status(self) -> dict | None:
