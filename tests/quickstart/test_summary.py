@@ -281,3 +281,15 @@ def test_the_policys_view_and_the_controls_spread_reach_the_headline():
     assert h["arm_rates_last"] == {"4_1_4": {"predicted": 9.0, "observed": 8.5}}
     del runs["baseline_repeat"]
     assert headline(runs)["control_rollout_time_ratio"] is None
+
+
+def test_the_same_sample_scores_are_the_last_three_the_run_reported_wherever_they_were():
+    """Bursts finish a score when an idle window lets them: here at steps 1, 2 and 4 of 6, none in the last two."""
+    tlt = _rows([3.0] * 6, [4.0, 5.0, 5.0, 6.0, 6.0, 6.0])
+    for row in (tlt[2], tlt[4], tlt[5]):
+        for key in [k for k in row if k.startswith("drafter_eval_")]:
+            del row[key]
+    runs = {"baseline": _rows([4.0] * 6, None), "tlt": tlt, "frozen": _rows([3.5] * 6, [4.0] * 6)}
+    h = headline(runs)
+    assert h["paired_est_acceptance_last3"] == {"online": pytest.approx((5 + 6 + 7) / 3), "frozen": 2.0}
+    assert h["paired_chain_acceptance_last3"] == {"online": pytest.approx((3 + 4 + 5) / 3), "frozen": 2.5}

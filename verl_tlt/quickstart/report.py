@@ -154,7 +154,7 @@ def headline_lines(summary: dict[str, Any]) -> list[str]:
             f"(ratio {show(scores['ratio'])})"
         )
     lines += [
-        f"same samples (TLT run, teacher-forced estimate, last 3 steps): online {show(paired['online'])} vs "
+        f"same samples (TLT run, teacher-forced estimate, the last 3 scores): online {show(paired['online'])} vs "
         f"initial drafter {show(paired['frozen'])} (ratio {show(summary['paired_acceptance_ratio_online_vs_frozen'])};"
         f" for keyed drafts {show(summary['paired_coupled_acceptance_ratio_online_vs_frozen'])})",
         f"  keyed chain of 4 from the drafter's own features (the engine's 4_1_4): online {show(chain['online'])} vs "

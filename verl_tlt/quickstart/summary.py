@@ -142,6 +142,13 @@ def tail_shape(records: list[dict], start: float) -> dict[str, float]:
     return {f"tail_{key}": tail[f"tlt/tail/{key}"] for key in keys}
 
 
+def _last_scores_mean(rows: list[dict], key: str) -> float | None:
+    """Mean of the last LAST_STEPS values of `key` the run reported, wherever they were: the bursts finish a score
+    when an idle window lets them (a step's captures are scored at a later step), so most steps report none."""
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return _mean(values[-LAST_STEPS:])
+
+
 def _last_mean(rows: list[dict], key: str, sub_key: str | None = None) -> float | None:
     """Mean of rows[i][key] (or rows[i][key][sub_key]) over the last LAST_STEPS rows that have it."""
     values = [r.get(key) for r in rows[-LAST_STEPS:]]
@@ -174,8 +181,8 @@ def headline(runs: dict[str, list[dict]]) -> dict[str, Any]:
     trained = sum(r.get("spot_trained_replica_s") or 0.0 for r in tlt)
     # The same comparison on the same samples: the TLT run scores its online drafter and its initial one on every
     # step's fresh captures (teacher-forced estimate), so both face exactly the same policy.
-    paired_online = _last_mean(tlt, "drafter_eval_online_est_acceptance_length")
-    paired_frozen = _last_mean(tlt, "drafter_eval_frozen_est_acceptance_length")
+    paired_online = _last_scores_mean(tlt, "drafter_eval_online_est_acceptance_length")
+    paired_frozen = _last_scores_mean(tlt, "drafter_eval_frozen_est_acceptance_length")
     # The engine's acceptance mixes strategies in the proportions each run's policy chose (a chain of 2 caps it at
     # 3, one of 4 at 5); per strategy, the two drafters compare at equal footing.
     strategies = sorted({name for r in tlt + frozen for name in r.get("sd_strategy_acceptance", {})})
@@ -191,13 +198,13 @@ def headline(runs: dict[str, list[dict]]) -> dict[str, Any]:
         "paired_est_acceptance_last3": {"online": paired_online, "frozen": paired_frozen},
         # The same for a keyed chain of 4 drafted from the drafter's own features, as the engine drafts it.
         "paired_chain_acceptance_last3": {
-            "online": _last_mean(tlt, "drafter_eval_online_chain_acceptance_length"),
-            "frozen": _last_mean(tlt, "drafter_eval_frozen_chain_acceptance_length"),
+            "online": _last_scores_mean(tlt, "drafter_eval_online_chain_acceptance_length"),
+            "frozen": _last_scores_mean(tlt, "drafter_eval_frozen_chain_acceptance_length"),
         },
         # The same, for drafts made under the rollout's keyed (shared-noise) sampling rather than greedily.
         "paired_coupled_acceptance_ratio_online_vs_frozen": _ratio(
-            _last_mean(tlt, "drafter_eval_online_est_coupled_acceptance_length"),
-            _last_mean(tlt, "drafter_eval_frozen_est_coupled_acceptance_length"),
+            _last_scores_mean(tlt, "drafter_eval_online_est_coupled_acceptance_length"),
+            _last_scores_mean(tlt, "drafter_eval_frozen_est_coupled_acceptance_length"),
         ),
         "acceptance_online_last3": online_last,
         "acceptance_frozen_last3": frozen_last,
