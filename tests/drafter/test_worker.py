@@ -313,12 +313,13 @@ def test_a_set_replaced_before_any_burst_scored_it_is_counted(varied_qwen2, samp
 def test_a_burst_held_in_its_score_still_stops_when_told(varied_qwen2, samples, tmp_path):
     """hold_score keeps step 2's score running until its file exists: the burst's stop ends it anyway."""
     release = tmp_path / "never_written"
-    worker = make_worker(varied_qwen2[0], fault=f"hold_score=2:{release}")
+    worker = make_worker(varied_qwen2[0], fault=f"hold_score=2:{release},min_burst_steps=1")
     worker.receive(stepped(samples, 2))
     assert worker.start()
     time.sleep(0.1)  # whether the hold has begun or not, the stop must end the burst
     report = worker.stop()
-    # The burst's first optimizer step is taken whenever the stop comes (the score follows it), never a second one.
+    # The burst's first optimizer step is taken whenever the stop comes (min_burst_steps), the score follows it and
+    # holds it: never a second step.
     assert not worker.spot.is_running and report["burst_steps"] == 1 and "scores" not in report
     assert not release.exists()
 

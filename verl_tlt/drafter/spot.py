@@ -28,9 +28,6 @@ from verl_tlt.modeling.torch_threads import with_torch_threads
 
 logger = logging.getLogger(__name__)
 
-# Optimizer steps a burst takes before it heeds a stop: its start (a handoff, an onload) is never wasted.
-FIRST_STEPS = 1
-
 
 class SpotTrainer:
     def __init__(
@@ -82,12 +79,16 @@ class SpotTrainer:
         optimizer step)."""
         return self.trainer.add_samples(list(samples), hold)
 
-    def start(self, max_steps: int | None = None, between_steps: Callable[[], None] | None = None) -> bool:
+    def start(
+        self, max_steps: int | None = None, between_steps: Callable[[], None] | None = None, min_steps: int = 0
+    ) -> bool:
         """Begin background training; False if it is already running or there is nothing to train on.
 
         between_steps(): called in the burst's thread after every optimizer step (the worker scores a group of
         samples there); it should take about a step's time. An exception in it is logged, and it is not called
-        again in this burst, which trains on."""
+        again in this burst, which trains on.
+        min_steps: optimizer steps taken before a stop is heeded (0: a stop before the first step ends the burst
+        at once, which the rollout's end prefers: on a real model one step takes seconds)."""
         if self.is_running:
             return False
         if len(self.trainer.buffer) == 0:
@@ -103,7 +104,7 @@ class SpotTrainer:
         # Train with the intra-op thread count the caller set, not the process default (see engine.torch_threads).
         train = with_torch_threads(self._train)
         self._thread = threading.Thread(
-            target=train, args=(max_steps, between_steps), name="drafter-spot-train", daemon=True
+            target=train, args=(max_steps, between_steps, min_steps), name="drafter-spot-train", daemon=True
         )
         self._thread.start()
         return True
@@ -157,17 +158,17 @@ class SpotTrainer:
 
     # ----- internals -----------------------------------------------------------------------------------------
 
-    def _train(self, max_steps: int | None, between_steps: Callable[[], None] | None = None) -> None:
+    def _train(
+        self, max_steps: int | None, between_steps: Callable[[], None] | None = None, min_steps: int = 0
+    ) -> None:
         stop = _StopOrOverBudget(self._stop, self.memory)
         timings: dict[str, float] = {}
         try:
             begin = time.monotonic()
             self.trainer.to_device(self.device)  # onload (a no-op on the host)
             timings["onload_s"] = time.monotonic() - begin
-            # The burst's first step is taken even if the rollout ends meanwhile (the stop waits for it either way):
-            # on a busy host the thread may get its first slice of a core only after the stop.
             report = self.trainer.train(
-                stop=stop, max_steps=max_steps, between_steps=_guarded(between_steps), min_steps=FIRST_STEPS
+                stop=stop, max_steps=max_steps, between_steps=_guarded(between_steps), min_steps=min_steps
             )
             self._result = {"report": report, "over_budget": stop.over_budget}
         except Exception as error:  # a failing drafter must never kill the RL run

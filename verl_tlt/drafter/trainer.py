@@ -212,9 +212,8 @@ class DrafterTrainer:
         progress: told the optimizer steps taken after every step, with the last step's loss (long offline runs).
         between_steps: called after every optimizer step (a worker scores a group of samples there), so a burst
         cut short still trains first: a stop then waits for at most one step or one such call.
-        min_steps: optimizer steps (taken or skipped) before `stop` is heeded: a spot burst takes its first step
-        whenever the stop comes, so a start (a handoff, an onload) is never wasted; the stop still waits for at most
-        one step.
+        min_steps: optimizer steps (taken or skipped) before `stop` is heeded (tests make a burst's training
+        independent of when the stop comes with it).
         """
         report, start = TrainReport(), time.monotonic()
         while True:

@@ -38,7 +38,9 @@ logger = logging.getLogger(__name__)
 # as the kernel's out-of-memory kill would (the drafter-crash test); "oom_on_start=N" makes that burst's first step
 # raise the device's out-of-memory error, which ends the burst inside a live worker; "hold_score=N:PATH" keeps the
 # score of RL step N's captures running until PATH exists, the burst is told to stop, or HOLD_LIMIT_S pass, as a slow
-# host would: a burst stuck in its score must still stop when the rollout ends.
+# host would: a burst stuck in its score must still stop when the rollout ends; "min_burst_steps=N" makes every burst
+# take N optimizer steps before it heeds a stop, as a stop that arrives late would (the e2e tests: whether the
+# drafter trained in a short run then does not depend on how long the toy's tail lasted).
 FAULT_ENV = "VERL_TLT_DRAFTER_FAULT"
 HOLD_LIMIT_S = 600.0
 
@@ -176,7 +178,8 @@ class DrafterWorker:
         self._starts += 1
         self._maybe_crash()
         self._burst_scores = None
-        return self.spot.start(between_steps=self._score_between_steps)
+        min_steps = int(self._faults().get("min_burst_steps", 0))
+        return self.spot.start(between_steps=self._score_between_steps, min_steps=min_steps)
 
     def stop(self) -> dict[str, Any]:
         """Preempt training (within one optimizer step, or one score group) and report what this burst did: with

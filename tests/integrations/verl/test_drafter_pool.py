@@ -344,7 +344,7 @@ def test_an_injected_out_of_memory_in_a_real_worker_ends_the_burst_and_the_pool_
             assert time.monotonic() < deadline, "hang guard: the injected out-of-memory burst did not end in 60 s"
             time.sleep(0.05)
         status = pool.stop()
-        assert status["memory_stops"] == 1 and status["burst_steps"] == 0 and "out of memory" in status["last_error"], {k: v for k, v in status.items() if k != "last_metrics"}
+        assert status["memory_stops"] == 1 and status["burst_steps"] == 0 and "out of memory" in status["last_error"]
         assert all(pool.alive) and pool.failures == 0
         assert pool.start([0]) == 0  # the worker's second burst: no fault
         deadline = time.monotonic() + 60
