@@ -81,6 +81,33 @@ def test_a_burst_stopped_before_its_first_step_takes_min_steps(spot, min_steps):
     assert report.stopped_by == "stop" and report.steps == min_steps and trainer.version == min_steps
 
 
+def test_a_stop_request_returns_during_a_step_which_then_finishes_and_is_published(spot):
+    """request_stop answers while an optimizer step is still running (a CPU worker's rollout end must not wait for
+    it); the step completes, the burst takes no further one, and stop() publishes it."""
+    import threading
+
+    trainer, engine = spot
+    trainer.add_samples(samples(engine))
+    in_step, release = threading.Event(), threading.Event()
+    step = trainer.trainer.train_step
+
+    def held_step(batch):
+        in_step.set()
+        assert release.wait(60), "hang guard: the test never released the step"
+        return step(batch)
+
+    trainer.trainer.train_step = held_step
+    assert trainer.request_stop() is False  # nothing running
+    assert trainer.start()
+    assert in_step.wait(60)
+    assert trainer.request_stop() is True and trainer.is_running  # answered with the step still in progress
+    assert trainer.burst_progress()[0] == 0 and trainer.version == 0
+    release.set()
+    report = trainer.stop()
+    assert report.stopped_by == "stop" and report.steps == 1
+    assert trainer.version == 1 and trainer.total_steps == 1 and trainer.trainer.global_step == 1
+
+
 def test_samples_can_arrive_while_training_runs(spot):
     trainer, engine = spot
     trainer.add_samples(samples(engine, count=2))

@@ -324,6 +324,31 @@ def test_a_burst_held_in_its_score_still_stops_when_told(varied_qwen2, samples, 
     assert not release.exists()
 
 
+def test_a_stop_request_answers_during_a_step_and_the_queued_stop_publishes_it(fed):
+    """request_stop answers with the step still in progress (`finishing`, what was done so far); stop() afterwards
+    (what the pool queues behind it) collects the burst with that step and publishes a version."""
+    import threading
+
+    worker = fed()
+    in_step, release = threading.Event(), threading.Event()
+    step = worker.spot.trainer.train_step
+
+    def held_step(batch):
+        in_step.set()
+        assert release.wait(60), "hang guard: the test never released the step"
+        return step(batch)
+
+    worker.spot.trainer.train_step = held_step
+    assert worker.start() and in_step.wait(60)
+    early = worker.request_stop()
+    assert early["finishing"] is True and early["running"] is True and early["burst_steps"] == 0
+    assert early["version"] == 0 and early["stop_latency_s"] < 5
+    release.set()
+    final = worker.stop()
+    assert final["burst_steps"] == 1 and final["version"] == 1 and not final["running"]
+    assert worker.request_stop()["finishing"] is False  # nothing runs now: a stop request is a plain status
+
+
 def test_a_worker_is_pinned_to_the_cores_it_is_given(varied_qwen2):
     """The drafter worker's process takes its replica's cores (here: the test process's first core, restored)."""
     import os

@@ -112,6 +112,7 @@ def _rows(rollout_s: list[float], acceptance: list[float] | None) -> list[dict]:
                 spot_idle_replica_s=2.0,
                 spot_trained_replica_s=1.0,
                 spot_overrun_s=0.05 * (i + 1),
+                spot_stops_in_background=float(i % 2),
                 drafter_step_s=0.3,
                 drafter_eval_online_est_acceptance_length=acceptance[i] + 1.0,
                 drafter_eval_frozen_est_acceptance_length=2.0,
@@ -143,6 +144,7 @@ def test_headline_ratios_use_the_last_three_steps_and_total_rollout_time():
     assert h["rollout_time_ratio_tlt_vs_baseline"] == pytest.approx(10 / 16)
     assert h["tail_extension_s"]["tlt_spot_overrun_max"] == pytest.approx(0.2)
     assert h["tail_extension_s"]["drafter_step_s_max"] == 0.3
+    assert h["tail_extension_s"]["tlt_stops_in_background"] == 2.0  # steps 2 and 4
     assert h["idle_share_used_for_training"] == pytest.approx(0.5)
     table = format_table(runs)
     assert len(table.splitlines()) == 2 + 4 and "5.33" not in table  # one line per step, no averages

@@ -2,8 +2,10 @@
 
 This is what a drafter worker runs (on CPU a Ray actor wraps it; see the TLT trainer integration). `start()`
 launches training in a thread; `stop()` returns within one optimizer step, bumps the weight version if any step
-ran, and starts an asynchronous checkpoint. A failure inside training (an exception, or a non-finite loss) never
-propagates: it is logged and recorded, the weights are restored to the last good version, and the worker stays
+ran, and starts an asynchronous checkpoint. `request_stop()` only tells the burst to stop and returns at once (a
+CPU worker's burst then ends its step in progress at idle priority, and a later `stop()` collects it). A failure
+inside training (an exception, or a non-finite loss) never propagates: it is logged and recorded, the weights are
+restored to the last good version, and the worker stays
 usable, so a broken drafter cannot stop the RL run. With a memory budget (`drafter.memory_budget`), a burst also
 ends at the step where the process holds more than its budget, or at an out-of-memory error; the trainer then frees
 what it can, its oldest samples included, and starts no burst until it is back under.
@@ -63,6 +65,7 @@ class SpotTrainer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._result: dict = {}
+        self._burst_began = (0.0, 0)  # (time.monotonic(), trainer.global_step) when the last burst started
 
     @property
     def stop_event(self) -> threading.Event:
@@ -101,6 +104,7 @@ class SpotTrainer:
                 return False
         self._stop.clear()
         self._result = {}
+        self._burst_began = (time.monotonic(), self.trainer.global_step)
         # Train with the intra-op thread count the caller set, not the process default (see engine.torch_threads).
         train = with_torch_threads(self._train)
         self._thread = threading.Thread(
@@ -122,6 +126,21 @@ class SpotTrainer:
             return None
         self._thread = None
         return self._finish()
+
+    def request_stop(self) -> bool:
+        """Tell a running burst to stop at its next check (before a step, or within a score), without waiting;
+        whether it is still running then (`stop()` collects it and publishes what it trained)."""
+        if self._thread is None:
+            return False
+        self._stop.set()
+        return self._thread.is_alive()
+
+    def burst_progress(self) -> tuple[int, float]:
+        """(optimizer steps, seconds) of the last burst so far: live while it runs."""
+        began, first_step = self._burst_began
+        if self._thread is None:
+            return 0, 0.0
+        return self.trainer.global_step - first_step, time.monotonic() - began
 
     def adopt(self, version: int, total_steps: int) -> None:
         """Take the model's current weights as good version `version` (after loading another worker's state)."""

@@ -15,7 +15,8 @@ def rollout_metrics(
     """`tlt/tail/*`, `tlt/rollout/*` and `tlt/sd/*` for one rollout from every replica's record and counters.
 
     training_stopped_at: wall-clock time spot training of this rollout had stopped, if it ran; gives
-    `tlt/spot/overrun_s`, how long it ran on after the last response finished (bounded by one optimizer step).
+    `tlt/spot/overrun_s`, from the last response to the stop's return (on an accelerator bounded by one optimizer
+    step; on CPU the step in progress ends in the background, `tlt/spot/stops_in_background`).
     """
     records = [r for r in records if r is not None]
     metrics: dict[str, float] = {}

@@ -168,7 +168,8 @@ def headline_lines(summary: dict[str, Any]) -> list[str]:
         *arm_rate_lines(summary.get("arm_rates_last") or {}),
         f"tail extension (last response -> replicas asleep), mean: baseline {show(tail['baseline_mean'])} s, "
         f"TLT {show(tail['tlt_mean'])} s; spot training ran on after the last response for at most "
-        f"{show(tail['tlt_spot_overrun_max'])} s (one drafter step: {show(tail['drafter_step_s_max'])} s)",
+        f"{show(tail['tlt_spot_overrun_max'])} s (one drafter step: {show(tail['drafter_step_s_max'])} s; "
+        f"{tail.get('tlt_stops_in_background', 0):.0f} stops left their step to end in the background)",
         "decode ms per committed token by running batch size (plain / speculative steps):",
         format_decode_costs(summary["decode_ms_per_token_by_batch"]),
         f"idle replica-seconds {summary['idle_replica_s']:.1f}, of which used for drafter training "

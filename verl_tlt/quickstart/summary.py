@@ -84,6 +84,7 @@ def step_rows(
             "tlt/spot/idle_replica_s",
             "tlt/spot/trained_replica_s",
             "tlt/spot/overrun_s",
+            "tlt/spot/stops_in_background",
             "tlt/capture/total_s",
             "tlt/drafter/eval_online_top1_accuracy",
             "tlt/drafter/eval_frozen_top1_accuracy",
@@ -230,6 +231,8 @@ def headline(runs: dict[str, list[dict]]) -> dict[str, Any]:
             "tlt_mean": _mean([r.get("tail_extension_s") for r in tlt]),
             "tlt_spot_overrun_max": max(overruns, default=0.0),
             "drafter_step_s_max": max(drafter_steps, default=None),
+            # Stops that did not wait for the optimizer step in progress (CPU workers end it at idle priority).
+            "tlt_stops_in_background": sum(r.get("spot_stops_in_background") or 0.0 for r in tlt),
         },
         "idle_replica_s": idle,
         "idle_share_used_for_training": trained / idle if idle else 0.0,

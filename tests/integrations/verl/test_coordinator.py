@@ -98,6 +98,7 @@ def test_starts_on_the_first_drained_replica_and_stops_exactly_when_all_drain():
         "tlt/spot/starts": 1.0,
         "tlt/spot/stop_latency_s": 0.25,
         "tlt/spot/poll_errors": 0.0,
+        "tlt/spot/stops_in_background": 0.0,
         "tlt/drafter/burst_steps": 7.0,
         "tlt/drafter/step_s": 0.5,
     }
@@ -168,6 +169,15 @@ def test_finish_preempts_a_burst_that_still_runs():
     assert metrics["tlt/drafter/burst_steps"] == 7.0
     assert metrics["tlt/spot/training_s"] == 2.0  # accounted up to the last poll (t=3)
     assert coordinator.finish()["tlt/spot/starts"] == 1.0 and pool.stops == 1  # a second finish stops nothing
+    assert metrics["tlt/spot/stops_in_background"] == 0.0
+
+
+def test_a_stop_that_left_its_step_to_finish_in_the_background_is_counted():
+    coordinator, pool, script, clock = make(2, [0, 0])
+    pool.stop_status = {"burst_steps": 2, "burst_seconds": 1.0, "finishing": True}
+    run(coordinator, clock, script, [(0, [1, 1]), (1, [0, 1]), (2, [0, 0])])
+    metrics = coordinator.finish()
+    assert metrics["tlt/spot/stops_in_background"] == 1.0 and metrics["tlt/drafter/burst_steps"] == 2.0
 
 
 def test_a_lost_worker_on_stop_records_latency_but_no_burst():

@@ -33,8 +33,15 @@ class FakeWorker:
 
     def stop(self):
         self.calls.append("stop")
+        if getattr(self, "step_gate", None) is not None:  # the burst's step in progress, until the test opens it
+            ray.get(self.step_gate.wait.remote())
         self.version += 1
         return {"rank": self.rank, "version": self.version, "burst_steps": 3}
+
+    def request_stop(self):
+        self.calls.append("request_stop")
+        finishing = getattr(self, "step_gate", None) is not None
+        return {"rank": self.rank, "version": self.version, "burst_steps": 2, "finishing": finishing}
 
     def status(self):
         return {"rank": self.rank, "version": self.version}
@@ -191,6 +198,42 @@ def test_training_moves_to_the_drained_replica_with_the_owners_state(workers, mo
     assert pool.stop()["version"] == 2
     assert pool.latest_weights() == (2, {"w": 2})
     assert pool.start([0, 2]) == 0 and pool.stop()["version"] == 3
+
+
+def test_a_stop_in_the_background_answers_at_once_and_the_worker_is_busy_until_its_step_ends(workers):
+    """With stop_in_background (CPU workers) the stop answers while the burst's step still runs (held by a gate,
+    on any host): the worker is busy (no start, no hand-over from it; the coordinator asks again), status and
+    weight reads do not wait for it, and settle() collects the burst's final report once the step ends."""
+    pool = DrafterPool(workers, stop_in_background=True)
+    pool.deliver([1])
+    settled(pool)
+    gate = Gate.remote()
+    ray.get(workers[1].__ray_call__.remote(lambda self, g: setattr(self, "step_gate", g), gate))
+    assert pool.start([1]) == 1
+    early = pool.stop()
+    assert early["finishing"] and early["burst_steps"] == 2 and pool.owner == 1
+    assert pool.busy(1) and all(pool.alive)
+    begin = time.monotonic()
+    assert pool.status() == early and pool.latest_weights() is None  # neither waits for the step in progress
+    assert time.monotonic() - begin < 2
+    assert pool.start([2]) is None and pool.waiting_on_calls([2])  # the hand-over would wait for the step
+    pool.update_target_weights({"w": 1})  # queued behind the stop: it runs once the burst has ended
+    ray.get(gate.open.remote())
+    settled(pool)
+    assert pool.status()["version"] == 1 and pool.latest_weights() == (1, {"w": 1})
+    calls = ray.get(workers[1].get_calls.remote())
+    assert calls[-2:] == ["request_stop", "stop"]
+    assert pool.start([2]) == 2  # the hand-over carries the step the burst finished
+    assert "load_training_state" in ray.get(workers[2].get_calls.remote())
+
+
+def test_a_stop_in_the_background_of_a_burst_already_over_reports_it_at_once(workers):
+    pool = DrafterPool(workers, stop_in_background=True)
+    pool.deliver([1])
+    settled(pool)
+    assert pool.start([0]) == 0
+    assert pool.stop() == {"rank": 0, "version": 1, "burst_steps": 3}  # stop()'s own report: nothing left to end
+    assert not pool.busy(0) and ray.get(workers[0].get_calls.remote())[-2:] == ["request_stop", "stop"]
 
 
 def test_the_chosen_worker_is_prepared_before_it_starts(workers):

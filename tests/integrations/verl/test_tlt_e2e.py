@@ -181,6 +181,7 @@ def test_greedy_rollouts_are_identical_with_tlt_on_and_off(greedy_runs):
             "tlt/tail/extension_s",
             "tlt/spot/idle_replica_s",
             "tlt/spot/idle_share_used",
+            "tlt/spot/stops_in_background",
             "tlt/capture/samples",
             "tlt/capture/hook_s",
             "tlt/drafter/version",

@@ -9,7 +9,9 @@ calls over and nothing else queues behind them); if it was the owner, the
 next worker continues from the last published weights (what the rollout replicas already run). With no workers
 left, spot training is off for the rest of the run and the replicas keep their last drafter: the RL run never
 fails because of the drafter. A verl checkpoint always carries the drafter: its save queues behind whatever the
-owner is still doing and is waited for (bounded, with progress), never skipped because the owner is busy.
+owner is still doing and is waited for (bounded, with progress), never skipped because the owner is busy. On CPU
+a stop does not even wait for the optimizer step in progress (`stop_in_background`): the burst ends it at idle
+priority and publishes it at the next step's end.
 """
 
 from __future__ import annotations
@@ -71,8 +73,17 @@ class SaveResult:
 
 class DrafterPool:
     def __init__(
-        self, workers: list[Any], call_timeout_s: float = CALL_TIMEOUT_S, save_timeout_s: float = SAVE_TIMEOUT_S
+        self,
+        workers: list[Any],
+        call_timeout_s: float = CALL_TIMEOUT_S,
+        save_timeout_s: float = SAVE_TIMEOUT_S,
+        *,
+        stop_in_background: bool = False,
     ):
+        """stop_in_background: the workers train on host CPU cores (at idle priority): `stop()` does not wait for
+        the optimizer step in progress (seconds on a real model, which the rollout's end would wait for); the burst
+        ends it where it runs, and the worker is busy until then. Workers on an accelerator are waited for: the
+        device's memory must be free before the actor trains."""
         if not workers:
             raise ValueError("DrafterPool needs at least one drafter worker")
         self.workers = list(workers)
@@ -90,6 +101,8 @@ class DrafterPool:
         # (rank, call) not collected yet: deliver's, update_target_weights', a save that outlasted its wait
         self._pending: list[tuple[int, Any]] = []
         self._last_status: dict | None = None
+        self.stop_in_background = stop_in_background
+        self._finishing: set[Any] = set()  # the queued stop() calls of bursts told to stop in the background
         self._lock = threading.RLock()
 
     @property
@@ -125,15 +138,21 @@ class DrafterPool:
             finished = [(rank, call) for rank, call in self._pending if call in done]
             self._pending = [(rank, call) for rank, call in self._pending if call not in done]
             for rank, call in finished:
-                self._get(rank, call)
+                result = self._get(rank, call)
+                if call in self._finishing:  # a burst that ended in the background: its final report
+                    self._finishing.discard(call)
+                    if result is not None and rank == self.owner:
+                        self._last_status = result
 
     def busy(self, rank: int) -> bool:
         """Whether calls queued on `rank` are still running: deliver's, update_target_weights', a checkpoint."""
         return not self._finished(rank, wait_s=0.0)
 
     def _quiet(self, rank: int) -> bool:
-        """Whether `rank` has no queued call running, waiting up to QUIET_WAIT_S for them to finish."""
-        return self._finished(rank, wait_s=QUIET_WAIT_S)
+        """Whether `rank` has no queued call running, waiting up to QUIET_WAIT_S for them to finish (not at all for
+        a burst still ending its step in the background: that can take seconds at idle priority)."""
+        ending = any(r == rank and call in self._finishing for r, call in self._pending)
+        return self._finished(rank, wait_s=0.0 if ending else QUIET_WAIT_S)
 
     def _finished(self, rank: int, wait_s: float) -> bool:
         """Whether every call queued on `rank` (a checkpoint's included) has finished, waiting up to `wait_s`."""
@@ -193,13 +212,23 @@ class DrafterPool:
             return any(self.busy(rank) for rank in candidates)
 
     def stop(self) -> dict | None:
-        """Preempt the running burst (within one optimizer step); the worker's status, or None."""
+        """Preempt the running burst (within one optimizer step; with `stop_in_background`, at once: the burst ends
+        its step where it runs); the worker's status, or None."""
         with self._lock:
             rank, self.training_on = self.training_on, None
             if rank is None:  # a checkpoint may have preempted the burst already: its report is the caller's
                 status, self._stopped_for_save = self._stopped_for_save, None
                 return status
-            status = self._get(rank, self.workers[rank].stop.remote())
+            worker = self.workers[rank]
+            status = self._get(rank, worker.request_stop.remote()) if self.stop_in_background else None
+            if status is not None and status.get("finishing"):
+                # Collected by settle() (the worker is busy until then, so nothing queues a start or a hand-over
+                # on it meanwhile); its calls queued later run after the burst has ended.
+                call = worker.stop.remote()
+                self._pending.append((rank, call))
+                self._finishing.add(call)
+            elif self.alive[rank]:
+                status = self._get(rank, worker.stop.remote())
             if status is not None:
                 self.owner = rank
                 self._last_status = status  # what status() gives while the worker runs calls queued after the stop

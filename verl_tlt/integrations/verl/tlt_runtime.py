@@ -123,7 +123,9 @@ class TLTRuntime:
                 "starts when that many replicas have drained while another still generates, which can never happen; "
                 f"set tlt.drafter.min_idle_replicas <= {replicas_count - 1}"
             )
-        self.pool = DrafterPool(self._make_workers(target_path))
+        workers = self._make_workers(target_path)
+        # Bursts on host CPU cores end their step in progress at idle priority, after the rollout has moved on.
+        self.pool = DrafterPool(workers, stop_in_background=self._worker_devices == {"cpu"})
         schedule = SpotSchedule(replicas_count, min(min_idle, replicas_count))
         self.coordinator = SpotCoordinator(
             self._in_flight,
@@ -147,12 +149,14 @@ class TLTRuntime:
         fault = os.environ.get(FAULT_ENV, "")
         seed = rollout_seed(self.config.actor_rollout_ref.rollout)
         workers = []
+        self._worker_devices: set[str] = set()  # where the workers train: "cpu" or an accelerator
         for rank, server in enumerate(self.servers):
             node = ray.get(server.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()))
             # On the replica's node, on its GPU where it has one (control.placement: verl's own way of reaching a
             # GPU its placement group holds); the actor asks Ray for no resources either way.
             placement = place_worker(self.tlt.drafter.device, ray.get(server.accelerator_ids.remote()), rank)
             # On CPU, the replica's own cores (placement.replica_cpu_cores): a burst never takes a decoding core.
+            self._worker_devices.add(placement.device)
             cores = ray.get(server.cpu_cores.remote()) if placement.device == "cpu" else []
             logger.info(
                 "TLT drafter worker %d trains on %s%s",
