@@ -8,7 +8,13 @@ import random
 import pytest
 
 from verl_tlt.config import SpeculativeConfig
-from verl_tlt.policy.adaptive import PLAIN, PREDICTED_MARGIN, AdaptivePolicy
+from verl_tlt.policy.adaptive import (
+    MAX_UNPAID_PROBE_HALVINGS,
+    PLAIN,
+    PREDICTED_MARGIN,
+    PROBE_SD_STEPS,
+    AdaptivePolicy,
+)
 from verl_tlt.policy.cost_model import CostModel, StepCostTable, alpha_for, expected_tokens
 from verl_tlt.spec.strategy import SpecStrategy
 
@@ -104,16 +110,37 @@ def run(policy: AdaptivePolicy, batch_size: int, steps: int, alpha: float, seed:
 
 
 @pytest.mark.parametrize("batch_size", [1, 4, 16])
-def test_a_drafter_that_never_pays_leaves_plain_from_the_first_step_probing_at_its_rate(batch_size):
+def test_a_drafter_that_never_pays_leaves_plain_from_the_first_step_and_its_probes_back_off(batch_size):
     policy = AdaptivePolicy(policy_config(probe_rate=0.02), model(0.3))  # a 4-chain commits 1.4 tokens a row
     assert policy.cannot_pay() is not None and "alpha=0.30" in policy.cannot_pay()
-    chosen = run(policy, batch_size, 2000, alpha=0.3)
+    chosen = run(policy, batch_size, 4000, alpha=0.3)
     assert chosen[0] == PLAIN
-    sd_steps = sum(name != PLAIN for name in chosen)
-    # Only probes speculate: about probe_rate x PROBE_SD_STEPS of the steps (0.04 here), never the bandit's first plays.
-    assert 0 < sd_steps <= 0.08 * len(chosen)
-    # Every plain step was one where nothing was predicted to pay (probes from plain mode are SD steps).
+    # Only probes speculate, never the bandit's first plays; every plain step was one where nothing was predicted to
+    # pay (probes from plain mode are SD steps).
     assert policy.num_probes > 0 and policy.unpaid_plain_steps == chosen.count(PLAIN)
+    # Each probe halves the next one's chance, down to probe_rate / 2**MAX_UNPAID_PROBE_HALVINGS: after the first
+    # few, about 4000 x 0.02 / 16 = 5 probes, where the full rate would take about 80.
+    assert policy.unpaid_probes == policy.num_probes and 4 <= policy.num_probes <= 30
+    sd_steps = sum(name != PLAIN for name in chosen)
+    assert sd_steps == PROBE_SD_STEPS * policy.num_probes
+
+
+def test_probes_of_a_drafter_that_cannot_pay_return_to_the_full_rate_once_one_may_pay():
+    policy = AdaptivePolicy(policy_config(probe_rate=0.02), model(0.3))
+    run(policy, 1, 3000, alpha=0.3)
+    assert policy.unpaid_probes >= MAX_UNPAID_PROBE_HALVINGS
+    policy.new_drafter(0.25)  # a new version that still cannot pay: the probes stay backed off
+    assert policy.cannot_pay() is not None and policy.unpaid_probes >= MAX_UNPAID_PROBE_HALVINGS
+    policy.new_drafter(0.9)  # one that may pay: probed (and played) as any drafter
+    assert policy.cannot_pay() is None and policy.unpaid_probes == 0
+
+
+def test_probes_still_find_a_drafter_its_self_test_underrated():
+    """The probe said 0.3 (cannot pay); the drafter really accepts 0.9: the backed-off probes' observed steps still
+    lift the pooled acceptance until the drafter is played."""
+    policy = AdaptivePolicy(policy_config(probe_rate=0.02), model(0.3))
+    chosen = run(policy, 1, 6000, alpha=0.9)
+    assert chosen[-500:].count(PLAIN) / 500 < 0.5
 
 
 @pytest.mark.parametrize("batch_size", [1, 4])

@@ -54,7 +54,9 @@ class SpeculativeConfig:
         default=0.02,
         metadata={
             "help": "Chance per decode step to probe the other mode (plain while speculating, a random SD strategy "
-            "while decoding plainly) for a short burst; crossing modes costs a drafter catch-up, so it is rarer."
+            "while decoding plainly) for a short burst; crossing modes costs a drafter catch-up, so it is rarer. Where "
+            "no drafter arm is predicted to pay, each probe halves the next one's chance, down to 1/16 of this, until "
+            "one is."
         },
     )
     window: int = field(
