@@ -40,7 +40,8 @@ class FakeWorker:
 
     def request_stop(self):
         self.calls.append("request_stop")
-        finishing = getattr(self, "step_gate", None) is not None
+        # Still in a step: one held by the test's gate, or a short one (`brief_step`) that ends before stop() is asked.
+        finishing = getattr(self, "step_gate", None) is not None or getattr(self, "brief_step", False)
         return {"rank": self.rank, "version": self.version, "burst_steps": 2, "finishing": finishing}
 
     def status(self):
@@ -225,6 +226,18 @@ def test_a_stop_in_the_background_answers_at_once_and_the_worker_is_busy_until_i
     assert calls[-2:] == ["request_stop", "stop"]
     assert pool.start([2]) == 2  # the hand-over carries the step the burst finished
     assert "load_training_state" in ray.get(workers[2].get_calls.remote())
+
+
+def test_a_step_that_ends_within_the_stop_wait_is_waited_for_as_before(workers):
+    """A short step in progress (the toy's; STOP_WAIT_S bounds the wait) is not left to the background: the stop
+    reports it, and the worker is free at once for what the step's end queues."""
+    pool = DrafterPool(workers, stop_in_background=True)
+    pool.deliver([1])
+    settled(pool)
+    ray.get(workers[0].__ray_call__.remote(lambda self: setattr(self, "brief_step", True)))
+    assert pool.start([0]) == 0
+    assert pool.stop() == {"rank": 0, "version": 1, "burst_steps": 3}
+    assert not pool.busy(0) and not pool._finishing
 
 
 def test_a_stop_in_the_background_of_a_burst_already_over_reports_it_at_once(workers):

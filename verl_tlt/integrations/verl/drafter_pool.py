@@ -36,6 +36,10 @@ CALL_TIMEOUT_S = 120.0
 # How long a status or weights read waits for the owner's queued calls (storing samples, the policy's weights: well
 # under a second each) before it answers with the last one it had.
 QUIET_WAIT_S = 5.0
+# With stop_in_background, how long a stop still waits for the burst's step in progress before leaving it to end in
+# the background: a short step (the toy's, a GPU's) ends here as before, and its worker is free at once for what the
+# step's end queues; a real model's CPU step (seconds) does not hold the rollout's end.
+STOP_WAIT_S = 0.5
 # How long a checkpoint waits for the owner to finish what was queued before it (samples, the policy's weights) and
 # to write the drafter; verl's own save of the actor runs meanwhile.
 SAVE_TIMEOUT_S = 600.0
@@ -212,8 +216,8 @@ class DrafterPool:
             return any(self.busy(rank) for rank in candidates)
 
     def stop(self) -> dict | None:
-        """Preempt the running burst (within one optimizer step; with `stop_in_background`, at once: the burst ends
-        its step where it runs); the worker's status, or None."""
+        """Preempt the running burst (within one optimizer step; with `stop_in_background`, within STOP_WAIT_S: a
+        longer step ends where it runs, after the caller has moved on); the worker's status, or None."""
         with self._lock:
             rank, self.training_on = self.training_on, None
             if rank is None:  # a checkpoint may have preempted the burst already: its report is the caller's
@@ -222,11 +226,15 @@ class DrafterPool:
             worker = self.workers[rank]
             status = self._get(rank, worker.request_stop.remote()) if self.stop_in_background else None
             if status is not None and status.get("finishing"):
-                # Collected by settle() (the worker is busy until then, so nothing queues a start or a hand-over
-                # on it meanwhile); its calls queued later run after the burst has ended.
                 call = worker.stop.remote()
-                self._pending.append((rank, call))
-                self._finishing.add(call)
+                ready, _ = ray.wait([call], timeout=STOP_WAIT_S)
+                if ready:  # the step ended within the bound: its report, as a stop that waited gives
+                    status = self._get(rank, call)
+                else:
+                    # Collected by settle() (the worker is busy until then, so nothing queues a start or a hand-over
+                    # on it meanwhile); its calls queued later run after the burst has ended.
+                    self._pending.append((rank, call))
+                    self._finishing.add(call)
             elif self.alive[rank]:
                 status = self._get(rank, worker.stop.remote())
             if status is not None:
