@@ -205,11 +205,13 @@ class AdaptivePolicy:
         """The strategy for the next decode step of `batch_size` requests (None = plain decoding)."""
         self._batch_grew, self._last_batch_size = batch_size > self._last_batch_size, batch_size
         bucket = self.bucket_of(batch_size)
+        # Once per step: the probes' back-off and the unpaid-step count both ask it.
+        unpaid_bucket = bucket is not None and self._nothing_predicted_to_pay(bucket)
         if bucket is None:
             self._probe = None
             choice, probing = PLAIN, False
         else:
-            choice, probing = self._bandit_choice(bucket)
+            choice, probing = self._bandit_choice(bucket, unpaid_bucket)
         if not probing:
             choice = self._apply_hysteresis(bucket, choice)
         mode = PLAIN if choice == PLAIN else "sd"
@@ -219,7 +221,7 @@ class AdaptivePolicy:
             self._in_probe_mode = False  # the greedy choice holds this mode now
         self._enter_mode(mode)
         self.last_choice = (bucket, choice)
-        if choice == PLAIN and bucket is not None and self._nothing_predicted_to_pay(bucket):
+        if choice == PLAIN and unpaid_bucket:
             self.unpaid_plain_steps += 1
         return None if choice == PLAIN else self.strategies[choice]
 
@@ -298,8 +300,9 @@ class AdaptivePolicy:
 
     # ----- internals -----------------------------------------------------------------------------------------
 
-    def _bandit_choice(self, bucket: int) -> tuple[str, bool]:
-        """(arm, whether it is a probe of the other mode)."""
+    def _bandit_choice(self, bucket: int, unpaid_bucket: bool) -> tuple[str, bool]:
+        """(arm, whether it is a probe of the other mode). unpaid_bucket: no drafter arm of `bucket` is predicted to
+        pay (`_nothing_predicted_to_pay`)."""
         arms = self.arms[bucket]
         if self._probe is not None:  # a running probe continues while its arm exists in this bucket
             name, left = self._probe
@@ -315,7 +318,7 @@ class AdaptivePolicy:
                 return name, False
         draw = self.rng.random()
         other = [name for name in arms if (name == PLAIN) != (self.mode == PLAIN)]
-        unpaid = self.mode == PLAIN and self._nothing_predicted_to_pay(bucket)
+        unpaid = self.mode == PLAIN and unpaid_bucket
         # Backed off only while nothing pays here: once probes show a drafter arm that pays, the full rate again.
         halvings = min(self.unpaid_probes, MAX_UNPAID_PROBE_HALVINGS) if unpaid else 0
         if draw < self.config.probe_rate / 2**halvings and other:
