@@ -199,8 +199,8 @@ class DrafterWorker:
         """Tell the burst to stop and answer at once, without waiting for the optimizer step in progress: the status
         with what the burst did so far (`burst_steps`, `burst_seconds`, `scores`) and `finishing` (still running
         its last step). A `stop()` queued after this collects the burst and publishes it; the worker's calls queued
-        behind that run once the burst has ended. For a CPU worker at idle priority: on a real model one step takes
-        seconds, which the rollout's end should not wait for."""
+        behind that run once the burst has ended. For a CPU worker at idle priority (the pool waits a short while for
+        that stop): on a real model one step takes seconds, which the rollout's end should not wait for."""
         begin = time.monotonic()
         finishing = self.spot.request_stop()
         steps, seconds = self.spot.burst_progress()

@@ -16,7 +16,7 @@ def rollout_metrics(
 
     training_stopped_at: wall-clock time spot training of this rollout had stopped, if it ran; gives
     `tlt/spot/overrun_s`, from the last response to the stop's return (on an accelerator bounded by one optimizer
-    step; on CPU the step in progress ends in the background, `tlt/spot/stops_in_background`).
+    step; on CPU by STOP_WAIT_S, a longer step ending in the background, `tlt/spot/stops_in_background`).
     """
     records = [r for r in records if r is not None]
     metrics: dict[str, float] = {}

@@ -231,7 +231,7 @@ def headline(runs: dict[str, list[dict]]) -> dict[str, Any]:
             "tlt_mean": _mean([r.get("tail_extension_s") for r in tlt]),
             "tlt_spot_overrun_max": max(overruns, default=0.0),
             "drafter_step_s_max": max(drafter_steps, default=None),
-            # Stops that did not wait for the optimizer step in progress (CPU workers end it at idle priority).
+            # Stops whose step in progress outlasted the stop's wait (CPU workers end it at idle priority).
             "tlt_stops_in_background": sum(r.get("spot_stops_in_background") or 0.0 for r in tlt),
         },
         "idle_replica_s": idle,

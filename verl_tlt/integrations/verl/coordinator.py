@@ -3,8 +3,8 @@
 A thread polls every replica's in-flight request count; `SpotSchedule` turns the counts into "start" (a replica
 drained while others still generate) and "stop" (every replica drained: the rollout is over). Stopping happens
 as soon as the last response finishes, not when verl's replay buffer next polls, so training never holds the
-rollout phase up by more than the optimizer step in progress (on CPU not even that: `DrafterPool`'s
-`stop_in_background`). `finish()` (the trainer's on_sample_end) stops the
+rollout phase up by more than the optimizer step in progress (on CPU by at most `DrafterPool`'s STOP_WAIT_S of
+it: `stop_in_background`). `finish()` (the trainer's on_sample_end) stops the
 thread, preempts a burst that is still running and returns the step's `tlt/spot/*` and `tlt/drafter/*` metrics.
 """
 
@@ -130,7 +130,7 @@ class SpotCoordinator:
             "tlt/spot/training_s": stats.training_seconds,
             "tlt/spot/starts": float(stats.num_starts),
             "tlt/spot/stop_latency_s": max(self._stop_seconds, default=0.0),
-            # Bursts told to stop that end their optimizer step in progress in the background (CPU workers): their
+            # Bursts whose step in progress outlasted the stop's wait and ends in the background (CPU workers): their
             # last step is in the next step's tlt/drafter/total_steps, not in this one's burst_steps.
             "tlt/spot/stops_in_background": float(sum(bool(b.get("finishing")) for b in self._bursts)),
             "tlt/spot/poll_errors": float(self.poll_errors),

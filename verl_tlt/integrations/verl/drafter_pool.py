@@ -10,8 +10,8 @@ next worker continues from the last published weights (what the rollout replicas
 left, spot training is off for the rest of the run and the replicas keep their last drafter: the RL run never
 fails because of the drafter. A verl checkpoint always carries the drafter: its save queues behind whatever the
 owner is still doing and is waited for (bounded, with progress), never skipped because the owner is busy. On CPU
-a stop does not even wait for the optimizer step in progress (`stop_in_background`): the burst ends it at idle
-priority and publishes it at the next step's end.
+a stop waits at most STOP_WAIT_S for the optimizer step in progress (`stop_in_background`): a longer one the burst
+ends at idle priority, and publishes at the next step's end.
 """
 
 from __future__ import annotations
@@ -84,10 +84,10 @@ class DrafterPool:
         *,
         stop_in_background: bool = False,
     ):
-        """stop_in_background: the workers train on host CPU cores (at idle priority): `stop()` does not wait for
-        the optimizer step in progress (seconds on a real model, which the rollout's end would wait for); the burst
-        ends it where it runs, and the worker is busy until then. Workers on an accelerator are waited for: the
-        device's memory must be free before the actor trains."""
+        """stop_in_background: the workers train on host CPU cores (at idle priority): `stop()` waits at most
+        STOP_WAIT_S for the optimizer step in progress (seconds on a real model, which the rollout's end would wait
+        for); a longer one the burst ends where it runs, and the worker is busy until then. Workers on an
+        accelerator are waited for: the device's memory must be free before the actor trains."""
         if not workers:
             raise ValueError("DrafterPool needs at least one drafter worker")
         self.workers = list(workers)

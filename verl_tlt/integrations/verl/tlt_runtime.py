@@ -124,7 +124,7 @@ class TLTRuntime:
                 f"set tlt.drafter.min_idle_replicas <= {replicas_count - 1}"
             )
         workers = self._make_workers(target_path)
-        # Bursts on host CPU cores end their step in progress at idle priority, after the rollout has moved on.
+        # Bursts on host CPU cores end a long step in progress at idle priority, after the rollout has moved on.
         self.pool = DrafterPool(workers, stop_in_background=self._worker_devices == {"cpu"})
         schedule = SpotSchedule(replicas_count, min(min_idle, replicas_count))
         self.coordinator = SpotCoordinator(
