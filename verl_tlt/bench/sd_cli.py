@@ -84,6 +84,13 @@ def add_sd(bench: argparse._SubParsersAction) -> None:
         default=64,
         help="prompts of the long-tail rollout on which the adaptive K policy meets the best fixed K",
     )
+    vllm.add_argument(
+        "--catch-up-window",
+        type=int,
+        default=None,
+        help="TLT's engines: positions a request's drafter may fall behind on K=0 steps before it catches up "
+        "(default: tlt.speculative.vllm_catch_up_window; 0 = vLLM's first pass every step)",
+    )
 
 
 def _add_families(sd: argparse._SubParsersAction) -> None:
@@ -283,6 +290,8 @@ def _run_vllm(args: argparse.Namespace) -> int:
         )
     if min(args.ks + [args.threshold, args.long_tail_prompts]) < 1:
         usage_error(args, "--ks, --threshold and --long-tail-prompts must be >= 1")
+    if args.catch_up_window is not None and args.catch_up_window < 0:
+        usage_error(args, f"--catch-up-window must be >= 0 (0 = off), got {args.catch_up_window}")
     from verl_tlt.bench.vllm_sd_bench import run as run_vllm_sd
 
     run_vllm_sd(
@@ -294,5 +303,6 @@ def _run_vllm(args: argparse.Namespace) -> int:
         args.threshold,
         subject_of(args),
         long_tail_prompts=args.long_tail_prompts,
+        catch_up_window=args.catch_up_window,
     )
     return 0

@@ -14,12 +14,18 @@ Four measurements, each interleaving its engines round by round so machine drift
   per-batch-size schedule, no TLT scheduler), against plain at each batch size;
 - the tax of vLLM's dynamic SD: an engine whose per-batch-size schedule says K=0 at every batch size (its drafter
   still runs its first pass), against plain at each batch size (vllm#49548 reports +6.6-21.6% TPOT on an H100);
+  and the same engine with TLT's deferred first pass (``deferred_first_pass``: no drafter forward on K=0 steps);
 - the threshold gate: one engine per K with TLT's schedule (K up to ``--threshold`` running requests, plain above),
   against plain at the batch sizes above the threshold, where it must cost (almost) nothing;
 - the long tail: a rollout of ``--long-tail-prompts`` prompts (answers of very different lengths) decoded by plain
   vLLM, each static-K engine, each gated fixed-K engine and the engine with TLT's adaptive K policy
-  (``k_scheduler``): TLT's gated and adaptive paths against plain and against the best static K. Every engine
-  decodes one untimed rollout first (the policy learns there too).
+  (``k_scheduler``): TLT's gated and adaptive paths against plain and against the best static K, with the
+  acceptance length of each and what catching the drafter up cost (passes, tokens, seconds); the adaptive engine
+  also with vLLM's first pass every step, so catch-up's acceptance is measured against a drafter that never fell
+  behind. Every engine decodes one untimed rollout first (the policy learns there too).
+
+TLT's engines (gated, adaptive, deferred K=0) defer the drafter's first pass with ``--catch-up-window`` (default:
+``tlt.speculative.vllm_catch_up_window``); vLLM's own engines (static, the K=0 tax) run it every step.
 Must run under ``if __name__ == "__main__"`` (vLLM spawns its engine core); the CLI does.
 """
 
@@ -77,8 +83,10 @@ class _Setup:
         threshold: int,
         tail: int,
         max_len: int,
+        catch_up_window: int,
     ):
         self.subject = subject
+        self.catch_up_window = catch_up_window
         self.ks, self.rounds, self.threshold, self.tail = ks, rounds, threshold, tail
         self.target, self.drafter = str(subject.target), str(subject.drafter)
         self.max_seqs = max(max(batch_sizes), tail)
@@ -96,9 +104,10 @@ class _Setup:
         engine.generate(self.prompts[:2], 8)
         return engine
 
-    def sd_engine(self, k: int, *, mode: str):
+    def sd_engine(self, k: int, *, mode: str, defer: bool | None = None):
         """mode static: vLLM's own SD at K=k; gated: TLT's schedule at K=k (plain above the threshold); adaptive
-        (k=0): TLT's K policy over every K; tax: a per-batch-size schedule of K=0 everywhere (max K drafted never)."""
+        (k=0): TLT's K policy over every K; tax: a per-batch-size schedule of K=0 everywhere (max K drafted never).
+        defer: TLT's deferred first pass (None: on for TLT's modes, off for vLLM's static SD)."""
         from verl_tlt.integrations.vllm.local_engine import LocalVllmEngine
 
         chains = (k,) if k else tuple(self.ks)
@@ -110,6 +119,7 @@ class _Setup:
             schedule=[[1, self.max_seqs, 0]] if mode == "tax" else None,
             adaptive=mode == "adaptive",
             static=mode == "static",
+            catch_up_window=self.catch_up_window if (mode != "static" if defer is None else defer) else 0,
             **self.common,
         )
         engine.generate(self.prompts[:2], 8)
@@ -127,12 +137,14 @@ def run(
     *,
     long_tail_prompts: int = 64,
     max_model_len: int = 1024,
+    catch_up_window: int | None = None,
 ) -> dict:
-    setup = _Setup(subject, ks, batch_sizes, rounds, threshold, long_tail_prompts, max_model_len)
+    window = SpeculativeConfig().vllm_catch_up_window if catch_up_window is None else catch_up_window
+    setup = _Setup(subject, ks, batch_sizes, rounds, threshold, long_tail_prompts, max_model_len, window)
     gated_sizes = [b for b in batch_sizes if not SpeculationGate(threshold).speculates(b)]
     progress = Progress(
         "bench sd vllm",
-        rounds * ((len(ks) + 1) * len(batch_sizes) + len(ks) * len(gated_sizes) + 1),
+        rounds * ((len(ks) + 2) * len(batch_sizes) + len(ks) * len(gated_sizes) + 1),
         unit="rounds",
     )
     plain = setup.plain_engine()
@@ -140,12 +152,13 @@ def run(
     try:
         static = {k: setup.sd_engine(k, mode="static") for k in ks}  # kept for the long tail
         rows = _static_k_rows(setup, plain, static, batch_sizes, max_tokens, progress)
-        tax_rows = _dynamic_tax_rows(setup, plain, batch_sizes, max_tokens, progress)
+        tax_rows = _dynamic_tax_rows(setup, plain, batch_sizes, max_tokens, progress, defer=False)
+        deferred_rows = _dynamic_tax_rows(setup, plain, batch_sizes, max_tokens, progress, defer=True)
         gated_rows, long_tail = _gated_and_long_tail(setup, plain, static, gated_sizes, max_tokens, progress)
     finally:
         for engine in (*static.values(), plain):
             engine.close()
-    result = _summary(setup, rows, tax_rows, gated_rows, long_tail, min(batch_sizes), max_tokens)
+    result = _summary(setup, rows, tax_rows, deferred_rows, gated_rows, long_tail, min(batch_sizes), max_tokens)
     if json_path:
         write_json(json_path, result)
     return result
@@ -164,16 +177,20 @@ def _static_k_rows(
     return rows
 
 
-def _dynamic_tax_rows(setup: _Setup, plain, batch_sizes: list[int], max_tokens: int, progress: Progress) -> list[dict]:
+def _dynamic_tax_rows(
+    setup: _Setup, plain, batch_sizes: list[int], max_tokens: int, progress: Progress, *, defer: bool
+) -> list[dict]:
     """An engine whose per-batch-size schedule never drafts (K=0 everywhere) against plain: what vLLM's dynamic SD
-    costs by itself, the price TLT's gated path pays above the threshold."""
-    engine = setup.sd_engine(max(setup.ks), mode="tax")
+    costs by itself (defer=False: its drafter's first pass every step), or with TLT's deferred first pass (which,
+    with no speculative step to catch up for, runs only when a window fills or a prompt arrives)."""
+    engine = setup.sd_engine(max(setup.ks), mode="tax", defer=defer)
+    label = "deferred K=0" if defer else "dynamic K=0"
     rows = []
     try:
         for batch_size in batch_sizes:
-            row = {"k": 0, **bench_batch(plain, engine, setup.batches(batch_size), max_tokens, progress, "K=0 tax")}
+            row = {"k": 0, **bench_batch(plain, engine, setup.batches(batch_size), max_tokens, progress, label)}
             rows.append(row)
-            _print_row("dynamic K=0", row)
+            _print_row(label, row)
     finally:
         engine.close()
     return rows
@@ -186,6 +203,7 @@ def _gated_and_long_tail(
     adaptive engine."""
     gated = {k: setup.sd_engine(k, mode="gated") for k in setup.ks}
     adaptive = setup.sd_engine(0, mode="adaptive")
+    always_on = setup.sd_engine(0, mode="adaptive", defer=False)
     gated_rows = []
     try:
         for k, engine in gated.items():
@@ -197,15 +215,18 @@ def _gated_and_long_tail(
             **{f"static K={k}": e for k, e in static.items()},
             **{f"gated K={k}": e for k, e in gated.items()},
             "adaptive": adaptive,
+            "adaptive, vLLM pass": always_on,
         }
         long_tail = _long_tail(plain, engines, setup.tail_prompts, setup.tail, max_tokens, progress)
     finally:
-        for engine in (*gated.values(), adaptive):
+        for engine in (*gated.values(), adaptive, always_on):
             engine.close()
     return gated_rows, long_tail
 
 
-def _summary(setup: _Setup, rows, tax_rows, gated_rows, long_tail: dict, smallest_batch: int, max_tokens: int) -> dict:
+def _summary(
+    setup: _Setup, rows, tax_rows, deferred_rows, gated_rows, long_tail: dict, smallest_batch: int, max_tokens: int
+) -> dict:
     at_smallest = [r for r in rows if r["batch_size"] == smallest_batch]
     batch_1 = max(at_smallest, key=lambda r: r["speedup"])
 
@@ -231,6 +252,12 @@ def _summary(setup: _Setup, rows, tax_rows, gated_rows, long_tail: dict, smalles
         "smallest_batch": smallest_batch,
         "dynamic_k0_speedup_min": min(r["speedup"] for r in tax_rows),
         "dynamic_k0_speedup_max": max(r["speedup"] for r in tax_rows),
+        "catch_up_window": setup.catch_up_window,
+        "deferred_k0_speedup_min": min(r["speedup"] for r in deferred_rows),
+        "deferred_k0_speedup_max": max(r["speedup"] for r in deferred_rows),
+        "catch_up_acceptance_ratio": _ratio(
+            long_tail["adaptive"]["acceptance_length"], long_tail["adaptive, vLLM pass"]["acceptance_length"]
+        ),
         "gated_min_speedup_above_threshold": min((r["speedup"] for r in gated_rows), default=None),
         "long_tail": long_tail,
         "long_tail_best_static": best_static,
@@ -238,18 +265,21 @@ def _summary(setup: _Setup, rows, tax_rows, gated_rows, long_tail: dict, smalles
         "adaptive_vs_plain": long_tail["adaptive"]["speedup"],
         "adaptive_vs_best_static": round(adaptive / long_tail[best_static]["tokens_per_s"], 3),
         "adaptive_vs_best_gated": round(adaptive / long_tail[best_gated]["tokens_per_s"], 3),
-        "greedy_identical_everywhere": all(r["greedy_identical"] for r in rows + tax_rows + gated_rows)
+        "greedy_identical_everywhere": all(r["greedy_identical"] for r in rows + tax_rows + deferred_rows + gated_rows)
         and all(v["greedy_identical"] for v in long_tail.values()),
         "rows": rows,
         "dynamic_k0_rows": tax_rows,
+        "deferred_k0_rows": deferred_rows,
         "gated_rows": gated_rows,
     }
     print(
         f"vLLM static SD, best K at batch {smallest_batch}: {batch_1['k']} ({batch_1['speedup']:.2f}x plain); dynamic "
-        f"K=0 everywhere: {result['dynamic_k0_speedup_min']:.2f}-{result['dynamic_k0_speedup_max']:.2f}x plain; "
+        f"K=0 everywhere: {result['dynamic_k0_speedup_min']:.2f}-{result['dynamic_k0_speedup_max']:.2f}x plain "
+        f"(deferred first pass: {result['deferred_k0_speedup_min']:.2f}-{result['deferred_k0_speedup_max']:.2f}x); "
         f"gated above threshold {setup.threshold}: min {result['gated_min_speedup_above_threshold']}x plain; long "
         f"tail: adaptive {result['adaptive_vs_plain']:.2f}x plain, {result['adaptive_vs_best_static']:.2f}x the best "
-        f"static ({best_static}), {result['adaptive_vs_best_gated']:.2f}x the best gated ({best_gated}); greedy "
+        f"static ({best_static}), {result['adaptive_vs_best_gated']:.2f}x the best gated ({best_gated}); "
+        f"acceptance after catch-up {result['catch_up_acceptance_ratio']}x a drafter run every step; greedy "
         f"identical everywhere: {result['greedy_identical_everywhere']}",
         flush=True,
     )
@@ -264,8 +294,11 @@ def _long_tail(plain, engines: dict, prompts, size: int, max_tokens: int, progre
         batch = prompts[index * size : (index + 1) * size]
         base = plain.generate(batch, max_tokens)
         outputs = {name: engine.generate(batch, max_tokens) for name, engine in engines.items()}
-        if index == 0:
-            continue  # untimed: every engine's first rollout (the adaptive policy explores its arms here)
+        if index == 0:  # untimed: every engine's first rollout (the adaptive policy explores its arms here)
+            before = {name: _catch_up_counts(engine) for name, engine in engines.items()}
+            for engine in engines.values():
+                engine.take_stats()
+            continue
         for name, out in (("plain", base), *outputs.items()):
             totals[name][0] += sum(map(len, out.token_ids))
             totals[name][1] += out.seconds
@@ -274,16 +307,35 @@ def _long_tail(plain, engines: dict, prompts, size: int, max_tokens: int, progre
         progress.advance(extra="long tail")
     plain_rate = totals["plain"][0] / totals["plain"][1]
     result = {}
-    for name in engines:
+    for name, engine in engines.items():
         rate = totals[name][0] / totals[name][1]
+        acceptance = overall_acceptance(engine.take_stats())
+        catch_up = {key: value - before[name].get(key, 0) for key, value in _catch_up_counts(engine).items()}
         result[name] = {
             "tokens_per_s": round(rate, 1),
             "speedup": round(rate / plain_rate, 3),
+            "acceptance_length": round(acceptance, 3) if math.isfinite(acceptance) else None,
+            "catch_up": catch_up,
             "greedy_identical": identical[name],
         }
-        print(f"long tail ({size} prompts) {name:>12}: {rate:8.1f} tok/s, {rate / plain_rate:.2f}x plain", flush=True)
+        print(
+            f"long tail ({size} prompts) {name:>19}: {rate:8.1f} tok/s, {rate / plain_rate:.2f}x plain, acceptance "
+            f"{result[name]['acceptance_length']}, catch-up {catch_up.get('catch_ups', 0)} passes / "
+            f"{catch_up.get('caught_up_tokens', 0)} tokens / {catch_up.get('catch_up_seconds', 0.0):.2f} s",
+            flush=True,
+        )
     result["plain"] = {"tokens_per_s": round(plain_rate, 1), "speedup": 1.0, "greedy_identical": True}
     return result
+
+
+def _catch_up_counts(engine) -> dict:
+    """The deferral counts of the engine's first worker (``DeferredFirstPass.stats``), numbers only; {} if off."""
+    stats = engine.catch_up_stats()[0] if engine.catch_up else {}
+    return {key: value for key, value in stats.items() if key not in ("pending_requests", "ring_bytes")}
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
 
 
 def _print_row(label: str, row: dict) -> None:

@@ -71,6 +71,15 @@ class SpeculativeConfig:
         default=4, metadata={"help": "Decode steps between switches of plain <-> speculative (hysteresis)."}
     )
     seed: int = field(default=0, metadata={"help": "Seed of the bandits' exploration."})
+    vllm_catch_up_window: int = field(
+        default=64,
+        metadata={
+            "help": "vLLM rollout: on steps that draft nothing (K=0) the drafter does not run; each request's target "
+            "hidden states are kept for up to this many positions and the drafter catches up on them in one pass "
+            "when it next drafts (or when the window fills). 0 = vLLM's own behaviour: the drafter's first pass "
+            "every step."
+        },
+    )
     group_drafts: bool = field(
         default=False,
         metadata={
@@ -107,6 +116,11 @@ class SpeculativeConfig:
         for key in ("threshold", "window", "min_samples"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{path}.{key} must be >= 1, got {getattr(self, key)}; e.g. {path}.{key}=32")
+        if self.vllm_catch_up_window < 0:
+            raise ValueError(
+                f"{path}.vllm_catch_up_window must be >= 0 (0 = off), got {self.vllm_catch_up_window}; "
+                f"e.g. {path}.vllm_catch_up_window=64"
+            )
         if self.min_dwell_steps < 0:
             raise ValueError(f"{path}.min_dwell_steps must be >= 0, got {self.min_dwell_steps}")
         for key, example in (("epsilon", 0.1), ("probe_rate", 0.02)):

@@ -28,6 +28,9 @@ class _Scheduler:
     def update_from_output(self):
         pass
 
+    def propose(self, num_speculative_tokens, common_attn_metadata, sampling_metadata=None):
+        pass
+
 
 @pytest.fixture
 def fake_vllm(monkeypatch):
@@ -42,6 +45,7 @@ def _check(**overrides):
         "symbols": ("fake_vllm_sched:Scheduler.update_from_output",),
         "fields": {"fake_vllm_sched:SchedulerOutput": ("total_num_scheduled_tokens",)},
         "assigned": {"fake_vllm_sched:Scheduler.__init__": ("dynamic_sd_lookup", "running")},
+        "parameters": {"fake_vllm_sched:Scheduler.propose": ("num_speculative_tokens", "common_attn_metadata")},
     }
     return compat.missing_features(**{**kwargs, **overrides})
 
@@ -57,6 +61,9 @@ def test_a_missing_method_module_field_or_instance_attribute_is_named(fake_vllm,
     ]
     assert _check(assigned={"fake_vllm_sched:Scheduler.__init__": ("dynamic_sd_lookup", "waiting")}) == [
         "fake_vllm_sched:Scheduler.__init__ assigns self.waiting"
+    ]
+    assert _check(parameters={"fake_vllm_sched:Scheduler.propose": ("num_speculative_tokens", "slot_mappings")}) == [
+        "fake_vllm_sched:Scheduler.propose(slot_mappings=...)"
     ]
     monkeypatch.delattr(_Scheduler, "update_from_output")
     assert _check() == ["fake_vllm_sched:Scheduler.update_from_output"]
@@ -90,3 +97,25 @@ def test_compat_on_vllm_has_everything_and_fails_on_a_planted_missing_scheduler(
     assert compat.missing_features() == ["vllm.v1.core.sched.async_scheduler:AsyncScheduler"]
     with pytest.raises(RuntimeError, match="AsyncScheduler"):
         compat.check_vllm_supports_tlt()
+
+
+@pytest.mark.vllm
+def test_compat_on_vllm_names_a_planted_missing_need_of_the_deferred_first_pass(monkeypatch):
+    from vllm.v1.attention.backends import utils
+    from vllm.v1.spec_decode.eagle import EagleProposer
+
+    def propose(self, num_speculative_tokens, target_token_ids, common_attn_metadata):  # a renamed vLLM
+        pass
+
+    monkeypatch.setattr(EagleProposer, "propose", propose)
+    renamed = [
+        f"vllm.v1.spec_decode.eagle:EagleProposer.propose({name}=...)"
+        for name in compat.PARAMETERS["vllm.v1.spec_decode.eagle:EagleProposer.propose"]
+        if name not in ("num_speculative_tokens", "target_token_ids", "common_attn_metadata")
+    ]
+    assert compat.missing_features() == renamed
+    monkeypatch.undo()
+    fields = dict(utils.CommonAttentionMetadata.__dataclass_fields__)
+    del fields["block_table_tensor"]
+    monkeypatch.setattr(utils.CommonAttentionMetadata, "__dataclass_fields__", fields)
+    assert compat.missing_features() == ["vllm.v1.attention.backends.utils:CommonAttentionMetadata.block_table_tensor"]

@@ -158,3 +158,38 @@ def test_the_eagle3_drafter_comes_back_after_a_wake_up_with_weights(setup):
     sd._loop.run_until_complete(sd.engine.collective_rpc("wake_up", args=(["weights"],)))
     assert sd.generate(PROMPTS, MAX_TOKENS).token_ids == expected
     assert acceptance(sd.take_stats()) == pytest.approx(before, abs=0.05)
+
+
+def test_the_eagle3_drafter_catches_up_after_plain_steps_as_if_it_had_run_every_step(setup):
+    """A batch that drains speculative -> plain -> speculative (answers capped at different lengths): with the first
+    pass deferred on the plain steps (its feature layers' hidden states stored, then caught up) the outputs are plain
+    decoding's and the acceptance that of an engine whose drafter ran every step."""
+    from verl_tlt.integrations.vllm.local_engine import LocalVllmEngine
+
+    target, _, _, trained, _ = setup
+    caps = [MAX_TOKENS - 4 * i for i in range(len(PROMPTS))]
+    plain = LocalVllmEngine(target, max_num_seqs=8)
+    expected = plain.generate(PROMPTS, caps).token_ids
+    plain.close()
+    speculative = SpeculativeConfig(threshold=8, strategies=(f"{K}_1_{K}",))
+    rates = {}
+    for window in (64, 0):
+        engine = LocalVllmEngine(
+            target,
+            drafter_dir=str(trained),
+            speculative=speculative,
+            max_num_seqs=8,
+            schedule=[[1, 2, K], [3, 6, 0], [7, 8, K]],
+            catch_up_window=window,
+        )
+        try:
+            engine.take_stats()
+            assert engine.generate(PROMPTS, caps).token_ids == expected
+            rates[window] = acceptance(engine.take_stats())
+            if window:
+                (counts,) = engine.catch_up_stats()
+                assert counts["deferred_steps"] > 0 and counts["catch_ups"] > 0, counts
+        finally:
+            engine.close()
+    assert rates[0] > 1.3, rates  # the drafter drafts: the comparison means something
+    assert rates[64] >= 0.95 * rates[0], rates

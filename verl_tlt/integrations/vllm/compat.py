@@ -28,6 +28,10 @@ VLLM_SYMBOLS = (
     "vllm.v1.core.sched.scheduler:Scheduler.update_from_output",
     "vllm.v1.core.sched.async_scheduler:AsyncScheduler",
     "vllm.v1.request:Request.num_output_tokens",
+    # The deferred first pass (deferred_first_pass): the proposer's propose, per worker instance.
+    "vllm.v1.spec_decode.eagle:EagleProposer.propose",
+    "vllm.v1.worker.gpu_input_batch:InputBatch.req_ids",
+    "vllm.v1.worker.gpu_input_batch:InputBatch.num_reqs",
 )
 VERL_SYMBOLS = (
     "verl.workers.rollout.vllm_rollout.vllm_async_server:vLLMHttpServer._preprocess_engine_kwargs",
@@ -48,6 +52,32 @@ FIELDS = {
     "vllm.config:SchedulerConfig": ("scheduler_cls", "async_scheduling"),
     "vllm.v1.core.sched.output:SchedulerOutput": ("total_num_scheduled_tokens",),
     "vllm.v1.outputs:ModelRunnerOutput": ("sampled_token_ids",),
+    # Read from a step's attention metadata, and replaced in the catch-up pass's copy of it.
+    "vllm.v1.attention.backends.utils:CommonAttentionMetadata": (
+        "query_start_loc",
+        "query_start_loc_cpu",
+        "seq_lens",
+        "num_reqs",
+        "num_actual_tokens",
+        "max_query_len",
+        "max_seq_len",
+        "block_table_tensor",
+        "slot_mapping",
+    ),
+}
+# Parameters a function must take by these names (the deferred first pass calls vLLM's propose with keywords and
+# stands in for it with the same signature).
+PARAMETERS = {
+    "vllm.v1.spec_decode.eagle:EagleProposer.propose": (
+        "num_speculative_tokens",
+        "target_token_ids",
+        "target_positions",
+        "target_hidden_states",
+        "next_token_ids",
+        "token_indices_to_sample",
+        "common_attn_metadata",
+        "sampling_metadata",
+    ),
 }
 # Instance attributes the K scheduler reads or replaces, per method that must assign them (`self.<name>` in its
 # source: they exist only on instances, so nothing else can check them before an engine starts).
@@ -68,6 +98,7 @@ def missing_features(
     symbols: tuple[str, ...] = VLLM_SYMBOLS + VERL_SYMBOLS,
     fields: dict[str, tuple[str, ...]] = FIELDS,
     assigned: dict[str, tuple[str, ...]] = ASSIGNED,
+    parameters: dict[str, tuple[str, ...]] = PARAMETERS,
 ) -> list[str]:
     """What this vLLM/verl lacks for TLT (empty when everything is there)."""
     missing = []
@@ -97,6 +128,13 @@ def missing_features(
             missing.append(symbol)
             continue
         missing += [f"{symbol} assigns self.{name}" for name in names if f"self.{name}" not in source]
+    for symbol, names in parameters.items():
+        try:
+            taken = inspect.signature(resolve(symbol)).parameters
+        except (ImportError, AttributeError, TypeError, ValueError):
+            missing.append(symbol)
+            continue
+        missing += [f"{symbol}({name}=...)" for name in names if name not in taken]
     return list(dict.fromkeys(missing))  # a class missing altogether is named once
 
 

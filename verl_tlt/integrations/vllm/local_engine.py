@@ -52,11 +52,14 @@ class LocalVllmEngine:
         num_speculative_tokens: int | None = None,
         adaptive: bool = False,
         static: bool = False,
+        catch_up_window: int | None = None,
     ):
         """drafter_dir None: plain decoding. schedule / num_speculative_tokens override what `speculative` gives
         (a fixed K for benchmarks: schedule [[1, max_num_seqs, K]]). adaptive: TLT's per-step K policy
         (``k_scheduler``) instead of the static schedule. static: vLLM's own SD, K = the deepest chain at every
-        step with no per-batch-size schedule (what a user who sets only ``speculative_config`` gets)."""
+        step with no per-batch-size schedule (what a user who sets only ``speculative_config`` gets).
+        catch_up_window: K=0 steps skip the drafter, which catches up when it next runs (``deferred_first_pass``);
+        None = ``speculative.vllm_catch_up_window``, 0 = vLLM's first pass every step."""
         self.model = model
         cpu_engine_env()
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -89,17 +92,29 @@ class LocalVllmEngine:
         self._loop = asyncio.new_event_loop()
         self._ids = itertools.count()
         self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[stat_logger_factory(self.counter)])
+        window = self.speculative.vllm_catch_up_window if catch_up_window is None else catch_up_window
+        self.catch_up: list[dict] = []  # each worker's answer to the install (empty: not asked)
+        if drafter_dir is not None and window > 0:
+            self.catch_up = self._rpc("tlt_install_catch_up", window)
+
+    def _rpc(self, method: str, *args: Any) -> list:
+        return self._loop.run_until_complete(self.engine.collective_rpc(method, args=args))
+
+    def catch_up_stats(self) -> list[dict]:
+        """Each worker's deferral counts (``DeferredFirstPass.stats``): deferred steps, catch-ups, tokens."""
+        return self._rpc("tlt_catch_up_stats")
 
     def generate(
         self,
         prompts: list[list[int]],
-        max_tokens: int,
+        max_tokens: int | list[int],
         *,
         temperature: float = 0.0,
         seed: int | None = None,
         logprobs: bool = False,
     ) -> Generation:
         """All prompts submitted at once (one batch that drains: a rollout's shape); token ids per prompt.
+        `max_tokens`: one cap for all, or one per prompt.
 
         Bounded by ``GENERATE_TIMEOUT_S``: an engine core that died or stalls raises here, naming the call, instead
         of leaving the caller waiting forever."""
@@ -117,9 +132,13 @@ class LocalVllmEngine:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        caps = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
+        if len(caps) != len(prompts):
+            raise ValueError(f"max_tokens has {len(caps)} caps for {len(prompts)} prompts")
+
         async def one(index: int, prompt: list[int]):
             params = SamplingParams(
-                max_tokens=max_tokens,
+                max_tokens=caps[index],
                 temperature=temperature,
                 seed=None if seed is None else seed + index,
                 detokenize=False,
@@ -142,7 +161,7 @@ class LocalVllmEngine:
 
     def load_drafter(self, path: str, version: int) -> list[dict]:
         """Load the export at `path` into every worker's drafter in place; each worker's result."""
-        return self._loop.run_until_complete(self.engine.collective_rpc("tlt_load_drafter", args=(path, version)))
+        return self._rpc("tlt_load_drafter", path, version)
 
     def self_test(self, test: DrafterSelfTest) -> Verdict:
         """The replicas' drafter self-test (``vllm.self_test``) on the drafter this engine runs now."""

@@ -11,6 +11,8 @@ sleep/wake, abort, the HTTP app) is verl's. What it adds:
 - Per-rollout bookkeeping around ``generate``: arrivals, finishes, response lengths, in-flight count (the drain
   wait and the last record are ``control.bookkeeping``'s, shared with the torch server), closed when verl sleeps the
   replica.
+- K=0 steps without the drafter: its first pass is deferred and caught up when it next drafts
+  (``tlt.speculative.vllm_catch_up_window``, ``deferred_first_pass``).
 - ``update_drafter(state, version)``: the drafter's weights become an export in a node-local directory and every
   worker loads them in place (``TLTWorkerExtension.tlt_load_drafter``); a failed load leaves the previous
   drafter running and raises, which the trainer logs.
@@ -139,6 +141,10 @@ class TLTvLLMHttpServer(RolloutBookkeeping, vLLMHttpServer):
         # verl's default rollout.load_format=dummy vLLM initialises the drafter randomly too. The load also leaves a
         # CPU copy in each worker, so a level-2 sleep cannot lose it.
         await self.engine.collective_rpc("tlt_load_drafter", args=(str(self._exports.folder), INITIAL_VERSION))
+        window = self.tlt.speculative.vllm_catch_up_window
+        if window > 0:  # K=0 steps skip the drafter, caught up when it next drafts (deferred_first_pass)
+            results = await self.engine.collective_rpc("tlt_install_catch_up", args=(window,))
+            logger.info("TLT vLLM server %d: deferred drafter first pass %s", self.replica_rank, results)
 
     # ----- requests ----------------------------------------------------------------------------------------------
 

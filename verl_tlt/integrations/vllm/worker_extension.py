@@ -12,6 +12,8 @@ subclasses verl's own (whose weight sync must keep working) and adds methods the
   loaded, such a drafter gets a copy, so the target's head is never written. A load that fails part-way restores
   the previous drafter's tensors, so the engine keeps the last good drafter.
 - ``tlt_drafter_version()``: the version each worker runs.
+- ``tlt_install_catch_up(window)``: K=0 steps skip the drafter, which is caught up when it next runs
+  (``deferred_first_pass``); ``tlt_catch_up_stats()`` its counts.
 
 Sleep: a level-2 sleep discards every weight, the drafter's too, and verl's weight sync restores the target only.
 vLLM forbids extensions from overriding ``sleep``/``wake_up`` (a name-conflict assert), so the worker instance's
@@ -73,6 +75,26 @@ class TLTWorkerExtension(vLLMColocateWorkerExtension):
 
     def tlt_drafter_version(self) -> int | None:
         return getattr(self, "_tlt_version", None)
+
+    def tlt_install_catch_up(self, window: int) -> dict[str, Any]:
+        """Defer the drafter's first pass on K=0 steps (`window` positions per request at most); idempotent.
+        Returns {"installed", "window", "reason"} (reason: why not, where this runner cannot)."""
+        from verl_tlt.integrations.vllm.deferred_first_pass import DeferredFirstPass, unsupported_reason
+
+        runner = self.model_runner
+        current = getattr(runner, "_tlt_deferred_first_pass", None)
+        if current is not None:
+            return {"installed": current.enabled, "window": current.window, "reason": None}
+        reason = unsupported_reason(runner)
+        if reason is not None:
+            logger.warning("TLT: the drafter's first pass runs every step (vLLM's own behaviour): %s", reason)
+            return {"installed": False, "window": 0, "reason": reason}
+        runner._tlt_deferred_first_pass = DeferredFirstPass(runner, window).install()
+        return {"installed": True, "window": window, "reason": None}
+
+    def tlt_catch_up_stats(self) -> dict[str, float]:
+        current = getattr(self.model_runner, "_tlt_deferred_first_pass", None)
+        return {} if current is None else current.stats()
 
     # ----- internals -------------------------------------------------------------------------------------------
 
