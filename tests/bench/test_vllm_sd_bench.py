@@ -55,25 +55,41 @@ def test_the_vllm_sd_bench_reports_every_ratio_with_greedy_identity(tmp_path, to
         "--json",
         str(out),
     ]
-    run_with_traceback_on_timeout(command, tmp_path / "bench.log", timeout_s=540)
+    run_with_traceback_on_timeout(command, tmp_path / "bench.log", timeout_s=780)
     result = json.loads(out.read_text())
-    # One K keeps the engines to five (plain, vLLM's static K, the K=0 tax, TLT's gated K, adaptive): each vLLM
-    # engine start costs tens of seconds on 2 cores. The adaptive policy still chooses, between K=4 and plain.
+    # One K keeps the engines to eight (plain, vLLM's static K, the K=0 tax with vLLM's pass and with TLT's deferred
+    # one, TLT's gated K, adaptive with and without deferral, adaptive at every batch size): each vLLM engine start
+    # costs tens of seconds on 2 cores. The adaptive policy still chooses, between K=4 and plain.
     assert result["backend"] == "vllm" and result["ks"] == [4]
     assert [(r["k"], r["batch_size"]) for r in result["rows"]] == [(4, 1), (4, 4)]
     assert [(r["k"], r["batch_size"]) for r in result["dynamic_k0_rows"]] == [(0, 1), (0, 4)]
+    assert [(r["k"], r["batch_size"]) for r in result["deferred_k0_rows"]] == [(0, 1), (0, 4)]
     # The gated engine, at the batch sizes above the threshold.
     assert [(r["k"], r["batch_size"]) for r in result["gated_rows"]] == [(4, 4)]
     assert result["greedy_identical_everywhere"] is True
-    for row in result["rows"] + result["gated_rows"] + result["dynamic_k0_rows"]:
+    for row in result["rows"] + result["gated_rows"] + result["dynamic_k0_rows"] + result["deferred_k0_rows"]:
         assert row["speedup"] > 0 and row["plain_tokens_per_s"] > 0
     assert all(r["acceptance_length"] > 1.5 for r in result["rows"])  # the warmed-up drafter is accepted
     assert all(
-        r["sd_step_share"] == 0 and r["acceptance_length"] is None for r in result["dynamic_k0_rows"]
+        r["sd_step_share"] == 0 and r["acceptance_length"] is None
+        for r in result["dynamic_k0_rows"] + result["deferred_k0_rows"]
     )  # never a draft
     assert all(r["sd_step_share"] < 0.5 for r in result["gated_rows"])  # above the threshold: mostly plain steps
     assert result["best_static_k_at_smallest_batch"] == 4 and result["smallest_batch"] == 1
-    assert set(result["long_tail"]) == {"static K=4", "gated K=4", "adaptive", "plain"}
+    assert set(result["long_tail"]) == {
+        "static K=4",
+        "gated K=4",
+        "adaptive",
+        "adaptive, vLLM pass",
+        "adaptive, threshold 8",
+        "plain",
+    }
+    # TLT's engines deferred their first pass above the threshold; vLLM's own engines have no deferral.
+    assert result["long_tail"]["adaptive"]["catch_up"]["deferred_steps"] > 0
+    assert result["long_tail"]["adaptive, vLLM pass"]["catch_up"] == {}
+    assert result["long_tail"]["static K=4"]["catch_up"] == {}
+    assert result["catch_up_acceptance_ratio"] > 0 and result["catch_up_window"] == 64
+    assert result["adaptive_everywhere_vs_best_static"] > 0
     assert result["long_tail_best_static"] == "static K=4" and result["adaptive_vs_best_static"] > 0
     assert result["long_tail_best_gated"] == "gated K=4" and result["adaptive_vs_best_gated"] > 0
     assert result["dynamic_k0_speedup_min"] > 0

@@ -22,7 +22,8 @@ Four measurements, each interleaving its engines round by round so machine drift
   (``k_scheduler``): TLT's gated and adaptive paths against plain and against the best static K, with the
   acceptance length of each and what catching the drafter up cost (passes, tokens, seconds); the adaptive engine
   also with vLLM's first pass every step, so catch-up's acceptance is measured against a drafter that never fell
-  behind. Every engine decodes one untimed rollout first (the policy learns there too).
+  behind, and with the gate at the tail's size (the policy, with plain as an arm, free to speculate at every batch
+  size). Every engine decodes one untimed rollout first (the policy learns there too).
 
 TLT's engines (gated, adaptive, deferred K=0) defer the drafter's first pass with ``--catch-up-window`` (default:
 ``tlt.speculative.vllm_catch_up_window``); vLLM's own engines (static, the K=0 tax) run it every step.
@@ -104,14 +105,17 @@ class _Setup:
         engine.generate(self.prompts[:2], 8)
         return engine
 
-    def sd_engine(self, k: int, *, mode: str, defer: bool | None = None):
+    def sd_engine(self, k: int, *, mode: str, defer: bool | None = None, threshold: int | None = None):
         """mode static: vLLM's own SD at K=k; gated: TLT's schedule at K=k (plain above the threshold); adaptive
         (k=0): TLT's K policy over every K; tax: a per-batch-size schedule of K=0 everywhere (max K drafted never).
-        defer: TLT's deferred first pass (None: on for TLT's modes, off for vLLM's static SD)."""
+        defer: TLT's deferred first pass (None: on for TLT's modes, off for vLLM's static SD). threshold: the gate's
+        (None: the bench's)."""
         from verl_tlt.integrations.vllm.local_engine import LocalVllmEngine
 
         chains = (k,) if k else tuple(self.ks)
-        speculative = SpeculativeConfig(threshold=self.threshold, strategies=tuple(f"{d}_1_{d}" for d in chains))
+        speculative = SpeculativeConfig(
+            threshold=threshold or self.threshold, strategies=tuple(f"{d}_1_{d}" for d in chains)
+        )
         engine = LocalVllmEngine(
             self.target,
             drafter_dir=self.drafter,
@@ -204,6 +208,9 @@ def _gated_and_long_tail(
     gated = {k: setup.sd_engine(k, mode="gated") for k in setup.ks}
     adaptive = setup.sd_engine(0, mode="adaptive")
     always_on = setup.sd_engine(0, mode="adaptive", defer=False)
+    # The policy free to speculate at every batch size of the tail (plain is one of its arms): what TLT does where the
+    # user's threshold is the engine's batch, as when the drafter pays at any batch size.
+    everywhere = setup.sd_engine(0, mode="adaptive", threshold=setup.max_seqs)
     gated_rows = []
     try:
         for k, engine in gated.items():
@@ -216,10 +223,11 @@ def _gated_and_long_tail(
             **{f"gated K={k}": e for k, e in gated.items()},
             "adaptive": adaptive,
             "adaptive, vLLM pass": always_on,
+            f"adaptive, threshold {setup.max_seqs}": everywhere,
         }
         long_tail = _long_tail(plain, engines, setup.tail_prompts, setup.tail, max_tokens, progress)
     finally:
-        for engine in (*gated.values(), adaptive, always_on):
+        for engine in (*gated.values(), adaptive, always_on, everywhere):
             engine.close()
     return gated_rows, long_tail
 
@@ -265,6 +273,10 @@ def _summary(
         "adaptive_vs_plain": long_tail["adaptive"]["speedup"],
         "adaptive_vs_best_static": round(adaptive / long_tail[best_static]["tokens_per_s"], 3),
         "adaptive_vs_best_gated": round(adaptive / long_tail[best_gated]["tokens_per_s"], 3),
+        "adaptive_everywhere_vs_best_static": round(
+            long_tail[f"adaptive, threshold {setup.max_seqs}"]["tokens_per_s"] / long_tail[best_static]["tokens_per_s"],
+            3,
+        ),
         "greedy_identical_everywhere": all(r["greedy_identical"] for r in rows + tax_rows + deferred_rows + gated_rows)
         and all(v["greedy_identical"] for v in long_tail.values()),
         "rows": rows,
@@ -279,6 +291,7 @@ def _summary(
         f"gated above threshold {setup.threshold}: min {result['gated_min_speedup_above_threshold']}x plain; long "
         f"tail: adaptive {result['adaptive_vs_plain']:.2f}x plain, {result['adaptive_vs_best_static']:.2f}x the best "
         f"static ({best_static}), {result['adaptive_vs_best_gated']:.2f}x the best gated ({best_gated}); "
+        f"adaptive at every batch size {result['adaptive_everywhere_vs_best_static']:.2f}x the best static; "
         f"acceptance after catch-up {result['catch_up_acceptance_ratio']}x a drafter run every step; greedy "
         f"identical everywhere: {result['greedy_identical_everywhere']}",
         flush=True,

@@ -60,9 +60,11 @@ def installed_root() -> Path:
 
 
 def pristine_copy(root: Path, files: list[str]) -> None:
+    """Copies of the installed files a patch changes; a file the patch creates has no original to copy."""
     for name in files:
         (root / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(installed_root() / name, root / name)
+        if (installed_root() / name).is_file():
+            shutil.copy(installed_root() / name, root / name)
 
 
 def load_patched(path: Path, name: str):
@@ -244,6 +246,26 @@ def test_0003_the_k_hook_answers_as_the_lookup_did_and_schedule_asks_it(tmp_path
     assert select(table, {}) == 3  # an empty step keeps the configured K, as before
     assert select(SimpleNamespace(dynamic_sd_lookup=None, num_spec_tokens=3), {"a": 1}) == 3
     assert "self.select_num_spec_tokens(num_scheduled_tokens)" in (root / file).read_text()
+
+
+@needs_patch
+def test_0004_the_runner_defers_the_first_pass_only_when_asked_and_the_module_catches_up(tmp_path):
+    """The patched config's field defaults to 0 (unchanged behaviour), the runner installs the deferral only for a
+    window > 0, and the new module stores and hands back what a plain stretch skipped."""
+    import torch
+
+    root = patched_tree(tmp_path, _patch("0004"))
+    config = (root / "vllm/config/speculative.py").read_text()
+    assert "first_pass_catch_up_window: int = 0" in config
+    runner = (root / "vllm/v1/worker/gpu_model_runner.py").read_text()
+    assert "if self.speculative_config.first_pass_catch_up_window > 0:" in runner
+    module = load_patched(root / "vllm/v1/spec_decode/deferred_first_pass.py", "patched_deferred_first_pass")
+    store = module.PendingHidden(window=8, capacity_tokens=64)
+    positions, tokens = torch.tensor([5, 9]), torch.tensor([105, 209])
+    store.defer(["a", "b"], [0, 1, 2], tokens, positions, positions[:, None].float())
+    segments, broken = store.take(["a", "b"], [0, 1, 2], torch.tensor([106, 210]), torch.tensor([6, 10]))
+    assert broken == [] and segments.positions.tolist() == [5, 9] and segments.token_ids.tolist() == [105, 209]
+    assert segments.next_token_ids.tolist() == [106, 210]
 
 
 @needs_patch
