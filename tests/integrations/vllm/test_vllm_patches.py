@@ -69,8 +69,11 @@ def pristine_copy(root: Path, files: list[str]) -> None:
 
 def load_patched(path: Path, name: str):
     """Run a patched copy of a module's file as a fresh module `name` (the installed module stays as it is)."""
+    import sys
+
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is made
     spec.loader.exec_module(module)
     return module
 
