@@ -88,7 +88,9 @@ def test_the_vllm_sd_bench_reports_every_ratio_with_greedy_identity(tmp_path, to
     assert result["long_tail"]["adaptive"]["catch_up"]["deferred_steps"] > 0
     assert result["long_tail"]["adaptive, vLLM pass"]["catch_up"] == {}
     assert result["long_tail"]["static K=4"]["catch_up"] == {}
-    assert result["catch_up_acceptance_ratio"] > 0 and result["catch_up_window"] == 64
+    # None where one of the two adaptive engines never verified a draft (this short tail may not reach the threshold).
+    ratio = result["catch_up_acceptance_ratio"]
+    assert (ratio is None or ratio > 0) and result["catch_up_window"] == 64
     assert result["adaptive_everywhere_vs_best_static"] > 0
     assert result["long_tail_best_static"] == "static K=4" and result["adaptive_vs_best_static"] > 0
     assert result["long_tail_best_gated"] == "gated K=4" and result["adaptive_vs_best_gated"] > 0
