@@ -128,9 +128,11 @@ class DeferredFirstPass:
         step = (batch, query_start_loc, target_token_ids, target_positions, cad, sampling_metadata)
         if num_speculative_tokens == 0 and not self._has_prompt_rows(cad, len(batch)):
             lengths = [query_start_loc[i + 1] - query_start_loc[i] for i in range(len(batch))]
-            if not self.pending.fits(batch, lengths):
+            fits = self.pending.fits(batch, lengths)
+            if not fits:  # make room: what is stored is caught up now, then this step may fit on its own
                 self._catch_up(*step)
-            if self.pending.fits(batch, lengths) and self._layout_ok(cad, query_start_loc, target_positions):
+                fits = self.pending.fits(batch, lengths)
+            if fits and self._layout_ok(cad, query_start_loc, target_positions):
                 self.pending.defer(batch, query_start_loc, target_token_ids, target_positions, target_hidden_states)
                 self.counts["deferred_steps"] += 1
                 self.counts["deferred_tokens"] += query_start_loc[-1]
