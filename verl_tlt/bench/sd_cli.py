@@ -91,6 +91,14 @@ def add_sd(bench: argparse._SubParsersAction) -> None:
         help="TLT's engines: positions a request's drafter may fall behind on K=0 steps before it catches up "
         "(default: tlt.speculative.vllm_catch_up_window; 0 = vLLM's first pass every step)",
     )
+    vllm.add_argument(
+        "--catch-up-sweep",
+        nargs="*",
+        type=int,
+        default=None,
+        help="windows at which the catch-up's cost and acceptance are measured on the long tail against vLLM's first "
+        "pass every step (default: 16 64 256; none: skip)",
+    )
 
 
 def _add_families(sd: argparse._SubParsersAction) -> None:
@@ -292,6 +300,8 @@ def _run_vllm(args: argparse.Namespace) -> int:
         usage_error(args, "--ks, --threshold and --long-tail-prompts must be >= 1")
     if args.catch_up_window is not None and args.catch_up_window < 0:
         usage_error(args, f"--catch-up-window must be >= 0 (0 = off), got {args.catch_up_window}")
+    if args.catch_up_sweep and min(args.catch_up_sweep) < 1:
+        usage_error(args, f"--catch-up-sweep windows must be >= 1, got {args.catch_up_sweep}")
     from verl_tlt.bench.vllm_sd_bench import run as run_vllm_sd
 
     run_vllm_sd(
@@ -304,5 +314,6 @@ def _run_vllm(args: argparse.Namespace) -> int:
         subject_of(args),
         long_tail_prompts=args.long_tail_prompts,
         catch_up_window=args.catch_up_window,
+        catch_up_sweep=args.catch_up_sweep,
     )
     return 0

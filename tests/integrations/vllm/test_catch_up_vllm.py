@@ -2,8 +2,9 @@
 
 Engines: TLT's gated engine (K=4 up to 4 running requests) with the deferred first pass, the same with vLLM's pass
 every step (the reference a caught-up drafter must match), one whose schedule goes speculative -> plain ->
-speculative as the batch drains (with a window of 4 positions, so the plain stretch also fills windows), and a
-plain engine. Greedy outputs must equal plain decoding's on every path; sampled ones must keep its distribution.
+speculative as the batch drains (with a window of 4 positions, so the plain stretch also fills windows), one whose
+KV cache is too small for its batch (vLLM preempts), and a plain engine. Greedy outputs must equal plain decoding's
+on every path; sampled ones must keep its distribution.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 THRESHOLD, K, MAX_TOKENS = 4, 4, 160
 ON_OFF_ON = [[1, 2, K], [3, 6, 0], [7, 32, K]]  # speculate with a full batch, plain while it drains, then again
+PLAIN_ABOVE_2 = [[1, 2, K], [3, 32, 0]]
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +40,9 @@ def setup():
         "deferred": LocalVllmEngine(target, catch_up_window=64, **common),
         "every_step": LocalVllmEngine(target, catch_up_window=0, **common),
         "on_off_on": LocalVllmEngine(target, catch_up_window=4, schedule=ON_OFF_ON, **common),
+        "preempting": LocalVllmEngine(
+            target, catch_up_window=64, schedule=PLAIN_ABOVE_2, num_kv_blocks=4, max_model_len=512, **common
+        ),
         "plain": LocalVllmEngine(target, max_num_seqs=32),
     }
     yield engines, toy_prompts(target, 16, seed=4242), drafter
@@ -109,36 +114,61 @@ def _stream(engine, prompt: list[int], request_id: str, max_tokens: int, progres
     return run()
 
 
-def test_requests_joining_a_plain_stretch_and_a_drafter_load_and_wake_up_inside_it_stay_exact(setup):
-    """Twelve requests start (plain above the threshold); after some steps four more join, the drafter is loaded
-    again and the workers wake up (which restores the drafter's weights), all while the drafter has positions
-    stored; then the batch drains into speculation."""
+def test_a_sleep_a_drafter_load_and_requests_joining_inside_a_plain_stretch_keep_it_exact(setup):
+    """The twelve prompts with the longest answers start (plain above the threshold); a few steps in, the engine
+    sleeps with its requests kept (vLLM's pause mode "keep"; on CPU the workers' own sleep is a no-op, the
+    scheduler's pause is not), the drafter is loaded again and four more requests arrive; the wake-up (which
+    restores the drafter's weights in every worker) resumes the batch, which drains into speculation. While the
+    engine sleeps nothing steps, so what is stored then is what the catch-up after the wake-up must use."""
     engines, prompts, drafter = setup
     engine = engines["deferred"]
+    reference = engines["plain"].generate(prompts, MAX_TOKENS).token_ids
+    order = sorted(range(len(prompts)), key=lambda i: -len(reference[i]))
+    first_wave, joiners = order[:12], order[12:]
+    assert len(reference[first_wave[0]]) >= 40  # steps enough after the trigger that the sleep lands mid-stretch
 
-    async def scenario() -> tuple[list[list[int]], bool]:
-        first_progress = [0]
-        first = [
-            asyncio.ensure_future(_stream(engine, p, f"join-a{i}", MAX_TOKENS, first_progress))
-            for i, p in enumerate(prompts[:12])
-        ]
-        while first_progress[0] < 12 * 6:  # a few plain steps in
-            await asyncio.sleep(0.01)
-        pending_then = (await engine.engine.collective_rpc("tlt_catch_up_stats"))[0]["pending_requests"]
+    async def scenario() -> tuple[dict[int, list[int]], int]:
+        progress = {i: [0] for i in first_wave}
+        first = {
+            i: asyncio.ensure_future(_stream(engine, prompts[i], f"join-a{i}", MAX_TOKENS, progress[i]))
+            for i in first_wave
+        }
+        while min(count[0] for count in progress.values()) < 3:  # every request a few plain steps past its prompt
+            await asyncio.sleep(0.002)
+        await engine.engine.sleep(level=1, mode="keep")
+        (asleep,) = await engine.engine.collective_rpc("tlt_catch_up_stats")
         await engine.engine.collective_rpc("tlt_load_drafter", args=(drafter, 77))
-        await engine.engine.collective_rpc("wake_up", args=(["weights"],))
-        second = [
-            asyncio.ensure_future(_stream(engine, p, f"join-b{i}", MAX_TOKENS, [0])) for i, p in enumerate(prompts[12:])
-        ]
-        joined_while_running = not all(task.done() for task in first)
-        return await asyncio.gather(*first, *second), joined_while_running and pending_then > 0
+        second = {i: asyncio.ensure_future(_stream(engine, prompts[i], f"join-b{i}", MAX_TOKENS, [0])) for i in joiners}
+        await asyncio.sleep(0.05)  # the joiners reach the engine core while it sleeps
+        await engine.engine.wake_up()
+        done = dict(zip([*first, *second], await asyncio.gather(*first.values(), *second.values()), strict=True))
+        return done, asleep["pending_requests"]
 
     engine.take_stats()
-    outputs, mid_stretch = engine._loop.run_until_complete(asyncio.wait_for(scenario(), 600))
-    stats = engine.take_stats()
-    assert mid_stretch  # the load, the wake-up and the arrivals happened while positions were stored
-    assert outputs == engines["plain"].generate(prompts, MAX_TOKENS).token_ids
+    before = counts(engine)
+    outputs, pending_asleep = engine._loop.run_until_complete(asyncio.wait_for(scenario(), 600))
+    stats, after = engine.take_stats(), counts(engine)
+    assert pending_asleep > 0  # the sleep, the load and the arrivals came while the drafter had positions stored
+    assert [outputs[i] for i in range(len(prompts))] == reference
+    assert after["catch_ups"] > before.get("catch_ups", 0)
     assert stats["steps_sd"] > 0 and acceptance(stats) >= 3.0
+
+
+def test_preempted_requests_stay_exact(setup):
+    """Eight copies of the prompt with the longest answer on a KV cache of 4 blocks (of 128 positions on CPU): four
+    run (plain: the engine speculates at 2 or fewer), one block each, and the first to need a second block finds none
+    free, so vLLM preempts a request (whatever the order the requests arrived in) and recomputes it later, after its
+    drafter context was stored; the batch then drains into speculation."""
+    engines, prompts, _ = setup
+    engine = engines["preempting"]
+    reference = engines["plain"].generate(prompts, MAX_TOKENS).token_ids
+    longest = max(range(len(prompts)), key=lambda i: len(prompts[i]) + len(reference[i]))
+    assert len(prompts[longest]) + len(reference[longest]) > 128 + K  # it needs a second block
+    engine.take_stats()
+    out = engine.generate([prompts[longest]] * 8, MAX_TOKENS)
+    assert engine.counter.preempted_requests > 0
+    assert out.token_ids == [reference[longest]] * 8
+    assert engine.take_stats()["steps_sd"] > 0
 
 
 def test_sampled_speculation_after_a_catch_up_has_the_distribution_of_plain_sampling(setup):

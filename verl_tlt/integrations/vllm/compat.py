@@ -32,6 +32,9 @@ VLLM_SYMBOLS = (
     "vllm.v1.spec_decode.eagle:EagleProposer.propose",
     "vllm.v1.worker.gpu_input_batch:InputBatch.req_ids",
     "vllm.v1.worker.gpu_input_batch:InputBatch.num_reqs",
+    # No draft fetch after a K=0 step (empty_draft_fetch): wrapped in the engine core.
+    "vllm.v1.engine.core:EngineCore.post_step",
+    "vllm.v1.core.sched.scheduler:Scheduler.schedule",
 )
 VERL_SYMBOLS = (
     "verl.workers.rollout.vllm_rollout.vllm_async_server:vLLMHttpServer._preprocess_engine_kwargs",
@@ -50,7 +53,7 @@ SPECULATIVE_FIELDS = ("method", "model", "num_speculative_tokens", "num_speculat
 FIELDS = {
     "vllm.config:SpeculativeConfig": SPECULATIVE_FIELDS,
     "vllm.config:SchedulerConfig": ("scheduler_cls", "async_scheduling"),
-    "vllm.v1.core.sched.output:SchedulerOutput": ("total_num_scheduled_tokens",),
+    "vllm.v1.core.sched.output:SchedulerOutput": ("total_num_scheduled_tokens", "num_spec_tokens_to_schedule"),
     "vllm.v1.outputs:ModelRunnerOutput": ("sampled_token_ids",),
     # Read from a step's attention metadata, and replaced in the catch-up pass's copy of it.
     "vllm.v1.attention.backends.utils:CommonAttentionMetadata": (

@@ -9,6 +9,7 @@ import os
 
 from verl_tlt.config import SpeculativeConfig
 from verl_tlt.integrations.vllm.cpu_build_fixes import ENV as UNPACKED_WEIGHTS_ENV
+from verl_tlt.integrations.vllm.empty_draft_fetch import ENV as SKIP_EMPTY_DRAFT_FETCH_ENV
 from verl_tlt.integrations.vllm.k_scheduler import POLICY_ENV, policy_env_value
 from verl_tlt.integrations.vllm.speculative_config import build_speculative_config, chain_depths
 
@@ -17,13 +18,22 @@ TLT_SCHEDULER = "verl_tlt.integrations.vllm.k_scheduler.TLTKScheduler"
 
 
 def speculative_engine_args(
-    speculative: SpeculativeConfig, drafter_dir: str, max_num_seqs: int, *, adaptive: bool = True
+    speculative: SpeculativeConfig,
+    drafter_dir: str,
+    max_num_seqs: int,
+    *,
+    adaptive: bool = True,
+    catch_up_window: int | None = None,
 ) -> dict:
     """``speculative_config`` (EAGLE-1 from `drafter_dir`, K schedule gated by the threshold) and, with
     `adaptive`, TLT's scheduler, whose policy picks K per step (``k_scheduler``).
 
-    The policy's config is put in this process's environment, which vLLM's engine-core process inherits.
+    The policy's config, and whether K=0 steps skip the draft fetch (where the drafter's first pass is deferred:
+    `catch_up_window`, default ``speculative.vllm_catch_up_window``, > 0), are put in this process's environment,
+    which vLLM's engine-core process inherits when it starts.
     """
+    window = speculative.vllm_catch_up_window if catch_up_window is None else catch_up_window
+    os.environ[SKIP_EMPTY_DRAFT_FETCH_ENV] = "1" if window > 0 else "0"
     config = build_speculative_config(speculative, drafter_dir, max_num_seqs, adaptive=adaptive)
     args: dict = {"speculative_config": config}
     if adaptive:

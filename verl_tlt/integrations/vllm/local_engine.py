@@ -3,7 +3,9 @@ vLLM test tier.
 
 It assembles the engine exactly like the TLT server does inside verl (``engine_setup``): EAGLE-1 drafter from an
 export, the per-batch-size K schedule from ``tlt.speculative``, TLT's worker extension (in-place drafter loads),
-stat logging on with TLT's spec-decode logger. Token ids in, token ids out (no tokenizer).
+stat logging on with TLT's spec-decode logger. Token ids in, token ids out (no tokenizer): answers stop at the
+model's end-of-sequence ids as the torch engine reads them (``config.json`` and ``generation_config.json``; vLLM
+without a tokenizer reads only the latter).
 
 vLLM starts its engine core in a child process: scripts that construct this must run under
 ``if __name__ == "__main__":``, and callers should bound everything with a timeout (a crashed engine core can leave
@@ -14,9 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from verl_tlt.config import SpeculativeConfig
@@ -24,6 +29,7 @@ from verl_tlt.engine.drafts.self_test import DrafterSelfTest, Verdict
 from verl_tlt.integrations.vllm.engine_setup import TLT_WORKER_EXTENSION, cpu_engine_env, speculative_engine_args
 from verl_tlt.integrations.vllm.self_test import probe_vllm_drafter
 from verl_tlt.integrations.vllm.spec_stats import SpecStepCounter, stat_logger_factory
+from verl_tlt.modeling.weights import read_eos_token_ids
 
 # A generate call that finishes nothing for this long is treated as a hung engine (the toy's calls take seconds).
 GENERATE_TIMEOUT_ENV = "VERL_TLT_VLLM_GENERATE_TIMEOUT_S"
@@ -53,23 +59,29 @@ class LocalVllmEngine:
         adaptive: bool = False,
         static: bool = False,
         catch_up_window: int | None = None,
+        num_kv_blocks: int | None = None,
     ):
         """drafter_dir None: plain decoding. schedule / num_speculative_tokens override what `speculative` gives
         (a fixed K for benchmarks: schedule [[1, max_num_seqs, K]]). adaptive: TLT's per-step K policy
         (``k_scheduler``) instead of the static schedule. static: vLLM's own SD, K = the deepest chain at every
         step with no per-batch-size schedule (what a user who sets only ``speculative_config`` gets).
         catch_up_window: K=0 steps skip the drafter, which catches up when it next runs (``deferred_first_pass``);
-        None = ``speculative.vllm_catch_up_window``, 0 = vLLM's first pass every step."""
+        None = ``speculative.vllm_catch_up_window``, 0 = vLLM's first pass every step. num_kv_blocks: the KV cache's
+        size in blocks (None: what the host's memory gives; small values make vLLM preempt requests)."""
         self.model = model
+        self.eos_token_ids = model_eos_token_ids(model)
         cpu_engine_env()
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.speculative = speculative or SpeculativeConfig()
         self.counter = SpecStepCounter(self.speculative.gate)
+        window = self.speculative.vllm_catch_up_window if catch_up_window is None else catch_up_window
         kwargs: dict[str, Any] = {}
         if drafter_dir is not None:
-            kwargs = speculative_engine_args(self.speculative, drafter_dir, max_num_seqs, adaptive=adaptive)
+            kwargs = speculative_engine_args(
+                self.speculative, drafter_dir, max_num_seqs, adaptive=adaptive, catch_up_window=window
+            )
             spec = kwargs["speculative_config"]
             if num_speculative_tokens is not None:
                 spec["num_speculative_tokens"] = num_speculative_tokens
@@ -87,12 +99,12 @@ class LocalVllmEngine:
             seed=seed,
             disable_log_stats=False,
             worker_extension_cls=TLT_WORKER_EXTENSION,
+            num_gpu_blocks_override=num_kv_blocks,
             **kwargs,
         )
         self._loop = asyncio.new_event_loop()
         self._ids = itertools.count()
         self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[stat_logger_factory(self.counter)])
-        window = self.speculative.vllm_catch_up_window if catch_up_window is None else catch_up_window
         self.catch_up: list[dict] = []  # each worker's answer to the install (empty: not asked)
         if drafter_dir is not None and window > 0:
             self.catch_up = self._rpc("tlt_install_catch_up", window)
@@ -143,6 +155,7 @@ class LocalVllmEngine:
                 seed=None if seed is None else seed + index,
                 detokenize=False,
                 logprobs=0 if logprobs else None,
+                stop_token_ids=self.eos_token_ids,
             )
             final = None
             async for output in self.engine.generate(
@@ -183,3 +196,10 @@ class LocalVllmEngine:
             task.cancel()
         self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         self._loop.close()
+
+
+def model_eos_token_ids(model: str) -> list[int]:
+    """The end-of-sequence ids the torch engine stops at for the model folder `model` ([] if it names none)."""
+    config_file = Path(model) / "config.json"
+    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    return read_eos_token_ids(model, SimpleNamespace(eos_token_id=config.get("eos_token_id")))

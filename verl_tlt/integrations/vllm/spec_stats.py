@@ -51,6 +51,7 @@ class SpecStepCounter:
         self.totals = dict.fromkeys(SD_COUNTERS, 0)
         self.accepted_per_position: list[int] = []
         self.max_sd_rows = 0  # most drafts one speculative step verified since the last take: its batch size
+        self.preempted_requests = 0  # requests vLLM preempted (KV cache full), cumulative
         self._probe: ProbeTally | None = None
 
     @contextmanager
@@ -97,6 +98,10 @@ class SpecStepCounter:
             elif generated_tokens > 0:
                 self.stats.record(None, max(num_running, 1), generated_tokens, 0.0, self._gate)
 
+    def record_preemptions(self, count: int) -> None:
+        with self._lock:
+            self.preempted_requests += count
+
     def take_stats(self, reset: bool = True) -> dict[str, Any]:
         """The torch server's ``sd_stats`` dict (``DecodeStats.as_dict()`` plus ``drafter_error``)."""
         with self._lock:
@@ -128,6 +133,9 @@ def stat_logger_factory(counter: SpecStepCounter):
             generated = iteration_stats.num_generation_tokens if iteration_stats is not None else 0
             running = scheduler_stats.num_running_reqs if scheduler_stats is not None else 0
             spec = scheduler_stats.spec_decoding_stats if scheduler_stats is not None else None
+            preempted = getattr(iteration_stats, "num_preempted_reqs", 0) if iteration_stats is not None else 0
+            if preempted:
+                counter.record_preemptions(preempted)
             if spec is None:
                 counter.record_step(running, generated)
             else:
