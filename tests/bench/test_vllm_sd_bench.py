@@ -61,7 +61,8 @@ def test_the_vllm_sd_bench_reports_every_ratio_with_greedy_identity(tmp_path, to
     result = json.loads(out.read_text())
     # One K keeps the engines to ten (plain, vLLM's static K, the K=0 tax with vLLM's pass and with TLT's deferred
     # one, TLT's gated K, adaptive with and without deferral, adaptive at every batch size, gated K with vLLM's pass
-    # and at one catch-up window): each vLLM engine start costs tens of seconds on 2 cores. The adaptive policy still chooses, between K=4 and plain.
+    # and at one catch-up window): each vLLM engine start costs tens of seconds on 2 cores. The adaptive policy
+    # still chooses, between K=4 and plain.
     assert result["backend"] == "vllm" and result["ks"] == [4]
     assert [(r["k"], r["batch_size"]) for r in result["rows"]] == [(4, 1), (4, 4)]
     assert [(r["k"], r["batch_size"]) for r in result["dynamic_k0_rows"]] == [(0, 1), (0, 4)]

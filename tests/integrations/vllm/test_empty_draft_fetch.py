@@ -20,6 +20,7 @@ def make_classes():
     class EngineCore:
         def __init__(self):
             self.scheduler, self.batch_queue, self.fetches = Scheduler(), None, 0
+            self.use_spec_decode = True
 
         def post_step(self, model_executed: bool) -> None:
             if model_executed:
@@ -57,6 +58,14 @@ def test_a_batch_queue_or_an_unwrapped_scheduler_keeps_vllms_fetch():
     bare.scheduler = SimpleNamespace()  # a scheduler that never noted its step: fetch as vLLM does
     bare.post_step(True)
     assert bare.fetches == 1
+
+
+def test_an_engine_without_speculative_decoding_keeps_vllms_path():
+    _, EngineCore = make_classes()
+    core = EngineCore()
+    core.use_spec_decode = False  # e.g. a diffusion model, whose drafts come from the workers at K=0
+    step(core, 0)
+    assert core.fetches == 1 and skipped_fetches(core) == 0
 
 
 def test_installing_twice_wraps_once():

@@ -272,6 +272,33 @@ def test_0004_the_runner_defers_the_first_pass_only_when_asked_and_the_module_ca
 
 
 @needs_patch
+def test_0005_post_step_skips_the_fetch_only_after_a_speculating_step_that_drafted_nothing(tmp_path):
+    from types import SimpleNamespace
+
+    file = "vllm/v1/engine/core.py"
+    root = patched_tree(tmp_path, _patch("0005"))
+    post_step = patched_function(root, file, "post_step")
+    fetched = []
+
+    def core(drafts: bool, spec: bool = True, async_scheduling: bool = False):
+        executor = SimpleNamespace(take_draft_token_ids=lambda: fetched.append(1))
+        return SimpleNamespace(
+            check_for_draft_tokens=True,
+            async_scheduling=async_scheduling,
+            use_spec_decode=spec,
+            _last_step_drafts=drafts,
+            model_executor=executor,
+        )
+
+    post_step(core(drafts=False), True)
+    assert fetched == []  # K=0: nothing to fetch
+    post_step(core(drafts=True), True)
+    post_step(core(drafts=False, spec=False), True)  # a diffusion model's drafts come at K=0
+    assert fetched == [1, 1]
+    assert "self._last_step_drafts = scheduler_output.num_spec_tokens_to_schedule > 0" in (root / file).read_text()
+
+
+@needs_patch
 def test_verl_0013_restores_the_drafters_own_weights_and_leaves_shared_ones(tmp_path):
     from types import SimpleNamespace
 

@@ -54,7 +54,8 @@ def install(scheduler_cls: type, engine_core_cls: type) -> None:
 
     def post_step_without_empty_fetch(self, model_executed: bool) -> None:
         drafted = getattr(self.scheduler, _DRAFTS_SCHEDULED, True)
-        if model_executed and not drafted and getattr(self, "batch_queue", None) is None:
+        speculative = getattr(self, "use_spec_decode", False)  # not a diffusion model's drafts
+        if model_executed and speculative and not drafted and getattr(self, "batch_queue", None) is None:
             setattr(self, _SKIPPED, getattr(self, _SKIPPED, 0) + 1)
             return
         post_step(self, model_executed)
