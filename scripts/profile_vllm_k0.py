@@ -3,9 +3,10 @@
 Run with vLLM's environment: `.venv-vllm/bin/python scripts/profile_vllm_k0.py [--batch-size 16] [--seconds 15]`.
 Two engines in turn decode the same prompts (the toy target, `--rounds` batches of `--batch-size`, up to 512
 tokens): plain vLLM, and TLT's engine whose schedule never drafts (K=0 everywhere) with the deferred first pass and
-the skipped draft fetch (`--window 0`: vLLM's first pass every step instead). While each decodes, py-spy samples
-the engine-core process and the worker process for `--seconds`; the table lists the functions whose inclusive
-sample share grew the most. py-spy is installed on first use into `.venv-prof` (a 3 MB wheel from PyPI).
+the skipped draft fetch (`--window 0`: vLLM's first pass every step instead; `--fetch-every-step`: the fetch kept).
+While each decodes, py-spy samples the engine-core process and the worker process for `--seconds`; the table lists
+the functions whose inclusive sample share grew the most. py-spy is installed on first use into `.venv-prof` (a
+3 MB wheel from PyPI).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def py_spy() -> Path:
     return binary
 
 
-def decode(mode: str, batch_size: int, rounds: int, window: int) -> None:
+def decode(mode: str, batch_size: int, rounds: int, window: int, fetch_every_step: bool) -> None:
     """The child: one engine decoding `rounds` batches; prints READY once the engine is up, then its tokens/s."""
     from verl_tlt.bench.subject import bench_subject
     from verl_tlt.config import SpeculativeConfig
@@ -51,6 +52,7 @@ def decode(mode: str, batch_size: int, rounds: int, window: int) -> None:
             speculative=speculative,
             schedule=[[1, 64, 0]],
             catch_up_window=window,
+            skip_empty_draft_fetch=False if fetch_every_step else None,
             **common,
         )
     engine.generate(prompts[:2], 8)
@@ -66,6 +68,7 @@ def decode(mode: str, batch_size: int, rounds: int, window: int) -> None:
 def profile(mode: str, args: argparse.Namespace, spy: Path, out: Path) -> dict[str, Path]:
     command = [sys.executable, __file__, "--child", mode, "--batch-size", str(args.batch_size)]
     command += ["--rounds", str(args.rounds), "--window", str(args.window)]
+    command += ["--fetch-every-step"] if args.fetch_every_step else []
     child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     for line in child.stdout:
         if line.startswith("READY"):
@@ -117,12 +120,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30, help="batches per engine (enough to outlast --seconds)")
     parser.add_argument("--seconds", type=int, default=15)
     parser.add_argument("--window", type=int, default=64, help="the K=0 engine's catch-up window (0: vLLM's pass)")
+    parser.add_argument("--fetch-every-step", action="store_true", help="the K=0 engine fetches drafts every step")
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--out", default="/tmp/verl-tlt-k0-profile")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        decode(args.child, args.batch_size, args.rounds, args.window)
+        decode(args.child, args.batch_size, args.rounds, args.window, args.fetch_every_step)
         return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

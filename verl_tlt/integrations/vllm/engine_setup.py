@@ -24,16 +24,18 @@ def speculative_engine_args(
     *,
     adaptive: bool = True,
     catch_up_window: int | None = None,
+    skip_empty_draft_fetch: bool | None = None,
 ) -> dict:
     """``speculative_config`` (EAGLE-1 from `drafter_dir`, K schedule gated by the threshold) and, with
     `adaptive`, TLT's scheduler, whose policy picks K per step (``k_scheduler``).
 
-    The policy's config, and whether K=0 steps skip the draft fetch (where the drafter's first pass is deferred:
-    `catch_up_window`, default ``speculative.vllm_catch_up_window``, > 0), are put in this process's environment,
-    which vLLM's engine-core process inherits when it starts.
+    The policy's config, and whether K=0 steps skip the draft fetch (`skip_empty_draft_fetch`; None: where the
+    drafter's first pass is deferred, `catch_up_window`, default ``speculative.vllm_catch_up_window``, > 0), are put
+    in this process's environment, which vLLM's engine-core process inherits when it starts.
     """
     window = speculative.vllm_catch_up_window if catch_up_window is None else catch_up_window
-    os.environ[SKIP_EMPTY_DRAFT_FETCH_ENV] = "1" if window > 0 else "0"
+    skip = window > 0 if skip_empty_draft_fetch is None else skip_empty_draft_fetch
+    os.environ[SKIP_EMPTY_DRAFT_FETCH_ENV] = "1" if skip else "0"
     config = build_speculative_config(speculative, drafter_dir, max_num_seqs, adaptive=adaptive)
     args: dict = {"speculative_config": config}
     if adaptive:

@@ -60,6 +60,7 @@ class LocalVllmEngine:
         static: bool = False,
         catch_up_window: int | None = None,
         num_kv_blocks: int | None = None,
+        skip_empty_draft_fetch: bool | None = None,
     ):
         """drafter_dir None: plain decoding. schedule / num_speculative_tokens override what `speculative` gives
         (a fixed K for benchmarks: schedule [[1, max_num_seqs, K]]). adaptive: TLT's per-step K policy
@@ -67,7 +68,8 @@ class LocalVllmEngine:
         step with no per-batch-size schedule (what a user who sets only ``speculative_config`` gets).
         catch_up_window: K=0 steps skip the drafter, which catches up when it next runs (``deferred_first_pass``);
         None = ``speculative.vllm_catch_up_window``, 0 = vLLM's first pass every step. num_kv_blocks: the KV cache's
-        size in blocks (None: what the host's memory gives; small values make vLLM preempt requests)."""
+        size in blocks (None: what the host's memory gives; small values make vLLM preempt requests).
+        skip_empty_draft_fetch: no draft fetch after a K=0 step (``empty_draft_fetch``; None: where deferral is on)."""
         self.model = model
         self.eos_token_ids = model_eos_token_ids(model)
         cpu_engine_env()
@@ -80,7 +82,12 @@ class LocalVllmEngine:
         kwargs: dict[str, Any] = {}
         if drafter_dir is not None:
             kwargs = speculative_engine_args(
-                self.speculative, drafter_dir, max_num_seqs, adaptive=adaptive, catch_up_window=window
+                self.speculative,
+                drafter_dir,
+                max_num_seqs,
+                adaptive=adaptive,
+                catch_up_window=window,
+                skip_empty_draft_fetch=skip_empty_draft_fetch,
             )
             spec = kwargs["speculative_config"]
             if num_speculative_tokens is not None:
