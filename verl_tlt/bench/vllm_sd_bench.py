@@ -119,6 +119,8 @@ class _Setup:
         speculative = SpeculativeConfig(
             threshold=threshold or self.threshold, strategies=tuple(f"{d}_1_{d}" for d in chains)
         )
+        deferred = mode != "static" if defer is None else defer
+        window = self.catch_up_window if window is None else window
         engine = LocalVllmEngine(
             self.target,
             drafter_dir=self.drafter,
@@ -126,7 +128,7 @@ class _Setup:
             schedule=[[1, self.max_seqs, 0]] if mode == "tax" else None,
             adaptive=mode == "adaptive",
             static=mode == "static",
-            catch_up_window=(window or self.catch_up_window) if (mode != "static" if defer is None else defer) else 0,
+            catch_up_window=window if deferred else 0,
             **self.common,
         )
         engine.generate(self.prompts[:2], 8)

@@ -133,7 +133,7 @@ def stat_logger_factory(counter: SpecStepCounter):
             generated = iteration_stats.num_generation_tokens if iteration_stats is not None else 0
             running = scheduler_stats.num_running_reqs if scheduler_stats is not None else 0
             spec = scheduler_stats.spec_decoding_stats if scheduler_stats is not None else None
-            preempted = getattr(iteration_stats, "num_preempted_reqs", 0) if iteration_stats is not None else 0
+            preempted = getattr(iteration_stats, "num_preempted_reqs", 0)  # 0 where vLLM passes no iteration stats
             if preempted:
                 counter.record_preemptions(preempted)
             if spec is None:
